@@ -1,0 +1,1 @@
+"""servecast faces: the Typer CLI (app.cli) and, later, the Streamlit dashboard."""

@@ -1,0 +1,1 @@
+"""servecast calibrate (see ../shared/DESIGN.md). Imports no torch."""

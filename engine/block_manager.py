@@ -1,0 +1,202 @@
+"""Paged KV block pool with reference counts and prefix caching. Plain Python, no torch.
+
+A block is *in use* while some sequence holds it (ref count > 0) and *free* otherwise. Free
+blocks that still hold a registered prefix stay findable by their hash until they are evicted,
+least recently freed first. Invariant after every call: num_free_blocks + num_used_blocks ==
+num_blocks.
+
+Prefix identity: a full block is identified by its token ids and by the identity of the block
+before it (its block id and that block's allocation generation). The chained hash of those is
+only the lookup key; a hit is accepted only when tokens and parent identity match exactly, so a
+hash collision can cost a cache miss but never a wrong reuse.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+
+NO_PARENT = -1
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block chained to the hash of the block before it."""
+    return hash((parent_hash, token_ids))
+
+
+@dataclass
+class _CachedBlock:
+    block_hash: int
+    token_ids: tuple[int, ...]
+    parent_id: int
+    parent_generation: int
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"a block pool needs num_blocks > 0 and block_size > 0, "
+                             f"got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
+        self.ref_counts = [0] * num_blocks
+        # Bumped each time a block is handed out anew; lets children check their parent is unchanged.
+        self.generations = [0] * num_blocks
+        # Free blocks in eviction order: the first is evicted first.
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
+        self._by_hash: dict[int, int] = {}  # hash -> block id
+        self.num_cache_queries = 0
+        self.num_cache_hits = 0  # in tokens
+
+    # -- accounting ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache -------------------------------------------------------------------------
+    def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        """The sequence's chained block hashes, extended to num_full_blocks."""
+        bs = self.block_size
+        hashes = seq.block_hashes
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(self.hash_fn(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+        return hashes
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        """Blocks of the prefix cache that hold this sequence's leading full blocks.
+
+        Takes no references. The last token is never served from cache, so at least one token
+        is always computed and there are logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        num_full = (seq.num_tokens - 1) // self.block_size
+        hashes = self._block_hashes(seq, num_full)
+        bs = self.block_size
+        found: list[int] = []
+        parent_id, parent_gen = NO_PARENT, 0
+        for i in range(num_full):
+            block_id = self._by_hash.get(hashes[i])
+            if block_id is None:
+                break
+            entry = self._cached[block_id]
+            if (entry.parent_id != parent_id or entry.parent_generation != parent_gen
+                    or entry.token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs])):
+                break  # a hash collision: different content under the same hash
+            found.append(block_id)
+            parent_id, parent_gen = block_id, self.generations[block_id]
+        self.num_cache_queries += 1
+        self.num_cache_hits += len(found) * bs
+        return found
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the sequence's blocks that are full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= seq.num_registered_blocks:
+            return
+        hashes = self._block_hashes(seq, num_full)
+        bs = self.block_size
+        for i in range(seq.num_registered_blocks, num_full):
+            block_id = seq.block_table[i]
+            if block_id in self._cached:
+                continue  # a prefix hit: already registered
+            if i > 0:
+                parent_id = seq.block_table[i - 1]
+                parent_gen = self.generations[parent_id]
+            else:
+                parent_id, parent_gen = NO_PARENT, 0
+            if hashes[i] in self._by_hash:
+                continue  # same content computed twice concurrently, or a collision: keep the first
+            self._cached[block_id] = _CachedBlock(hashes[i], tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                                                  parent_id, parent_gen)
+            self._by_hash[hashes[i]] = block_id
+        seq.num_registered_blocks = num_full
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
+        """Give the sequence blocks for num_new_tokens more tokens (after any computed_blocks).
+
+        All or nothing: returns False and changes nothing when the pool cannot hold them.
+        """
+        num_reused = len(computed_blocks)
+        total_tokens = seq.num_computed_tokens + num_reused * self.block_size + num_new_tokens
+        num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
+        # Reused blocks that are free leave the free pool too.
+        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
+        if max(num_new_blocks, 0) + num_revived > len(self._free):
+            return False
+        for block_id in computed_blocks:
+            if self.ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self.ref_counts[block_id] += 1
+            seq.block_table.append(block_id)
+        if num_reused:
+            seq.num_registered_blocks = len(seq.block_table)
+        for _ in range(num_new_blocks):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(block_id)
+            self.generations[block_id] += 1
+            self.ref_counts[block_id] = 1
+            seq.block_table.append(block_id)
+        return True
+
+    def _evict(self, block_id: int) -> None:
+        entry = self._cached.pop(block_id, None)
+        if entry is not None and self._by_hash.get(entry.block_hash) == block_id:
+            del self._by_hash[entry.block_hash]
+
+    def free(self, seq: Sequence) -> None:
+        """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
+        since a shared prefix is more likely to be reused than a request's own tail."""
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] < 0:
+                raise AssertionError(f"block {block_id} freed more often than allocated")
+            if self.ref_counts[block_id] == 0:
+                if block_id not in self._cached:
+                    # Uncached blocks hold nothing worth keeping: hand them out before cached ones.
+                    self._free[block_id] = None
+                    self._free.move_to_end(block_id, last=False)
+                else:
+                    self._free[block_id] = None
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+
+    def reset_prefix_cache(self) -> None:
+        for block_id in list(self._cached):
+            self._evict(block_id)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the pool's accounting is inconsistent (for tests)."""
+        in_use = sum(1 for r in self.ref_counts if r > 0)
+        assert all(r >= 0 for r in self.ref_counts), "negative reference count"
+        assert in_use + len(self._free) == self.num_blocks, "free + in use != total"
+        assert all(self.ref_counts[b] == 0 for b in self._free), "a free block is referenced"
+        for h, b in self._by_hash.items():
+            assert self._cached[b].block_hash == h, "hash index out of sync"

@@ -1,0 +1,146 @@
+"""LLMEngine: add requests, step the scheduler and the model, return outputs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.model import DecoderModel
+from engine.outputs import RequestOutput
+from engine.runner import TORCH_DTYPES, ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.weights import load_hf_weights, read_safetensors_dir
+
+
+class LLMEngine:
+    def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None,
+                 state_dict: dict[str, torch.Tensor] | None = None, random_seed: int = 0) -> None:
+        """An engine over a model; with no state_dict the weights are random (seeded by random_seed)."""
+        self.model_config = model_config
+        self.config = config = config or EngineConfig()
+        self.device = torch.device(config.device)
+        self.dtype = TORCH_DTYPES[config.dtype]
+        self.scheduler_config = config.scheduler_config(model_config)
+        self.cache_config = config.cache_config(model_config)
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config, model_config.eos_token_ids)
+
+        model = DecoderModel(model_config, self.scheduler_config.max_model_len)
+        if state_dict is None:
+            model.init_random(random_seed)
+        else:
+            load_hf_weights(model, state_dict)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
+        self.model.rotary.to(device=self.device, dtype=torch.float32)
+        self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype)
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._prompt_logits: dict[str, list[torch.Tensor]] = {}
+        self._default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.num_steps = 0
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, model_or_path: Any, config: EngineConfig | None = None) -> "LLMEngine":
+        """From a transformers model object, or a local directory with config.json and safetensors."""
+        if isinstance(model_or_path, (str, Path)):
+            model_config = ModelConfig.from_hf(model_or_path)
+            return cls(model_config, config, read_safetensors_dir(model_or_path))
+        if hasattr(model_or_path, "state_dict") and hasattr(model_or_path, "config"):
+            model_config = ModelConfig.from_hf(model_or_path.config)
+            return cls(model_config, config, model_or_path.state_dict())
+        raise ValueError(f"from_hf takes a transformers model or a local model directory, "
+                         f"not {type(model_or_path).__name__}")
+
+    @classmethod
+    def from_config(cls, config_source: Any, config: EngineConfig | None = None, seed: int = 0) -> "LLMEngine":
+        """Random weights for an architecture (a transformers config, dict or config.json path)."""
+        return cls(ModelConfig.from_hf(config_source), config, None, random_seed=seed)
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int],
+                    sampling_params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
+        params = sampling_params or SamplingParams()
+        prompt = [int(t) for t in prompt_token_ids]
+        bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"request {request_id!r} has token ids outside the vocabulary "
+                             f"[0, {self.model_config.vocab_size}): {bad[:5]}")
+        arrival = time.perf_counter() if arrival_time is None else arrival_time
+        seq = Sequence(str(request_id), prompt, params, arrival)
+        self.scheduler.add(seq)  # validates before anything else changes
+        if params.seed is not None:
+            self._generators[seq.request_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+        else:
+            self._generators[seq.request_id] = self._default_generator
+        if params.return_prompt_logits:
+            self._prompt_logits[seq.request_id] = []
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort(str(request_id), time.perf_counter())
+        self._forget(str(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+        self._prompt_logits.pop(request_id, None)
+
+    # -- stepping -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; return an output for every request that got a token or finished."""
+        out = self.scheduler.schedule(time.perf_counter())
+        if out.is_empty:
+            return []
+        requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
+        result = self.runner.execute(out, requests, self._generators)
+        for request_id, (first_pos, logits) in result.prompt_logits.items():
+            collected = self._prompt_logits[request_id]
+            have = sum(t.shape[0] for t in collected)
+            if first_pos + logits.shape[0] > have:  # a recompute after preemption repeats positions
+                collected.append(logits[have - first_pos:])
+        now = time.perf_counter()
+        self.scheduler.update(out, result.sampled, now)
+        self.num_steps += 1
+        outputs = [self._output(requests[r]) for r in result.sampled]
+        for o in outputs:
+            if o.finished:
+                self._forget(o.request_id)
+        return outputs
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        logits = None
+        if seq.request_id in self._prompt_logits:
+            logits = torch.cat(self._prompt_logits[seq.request_id]) if self._prompt_logits[seq.request_id] else None
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+            output_token_ids=seq.output_token_ids, finished=seq.finished, finish_reason=seq.finish_reason,
+            arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
+            first_token_time=seq.first_token_time, finish_time=seq.finish_time,
+            token_times=list(seq.token_times), num_preemptions=seq.num_preemptions,
+            num_cached_prompt_tokens=seq.num_cached_prompt_tokens, prompt_logits=logits)
+
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 progress: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion through continuous batching; outputs in input order."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params: give one or one each")
+        base = f"gen{self.num_steps}-{id(prompts)}-"
+        ids = [f"{base}{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, params):
+            self.add_request(request_id, prompt, p)
+        finished: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for o in self.step():
+                if o.finished:
+                    finished[o.request_id] = o
+        return [finished[r] for r in ids]

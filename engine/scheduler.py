@@ -1,0 +1,205 @@
+"""Token-budget continuous batching with chunked prefill and preemption. Plain Python, no torch.
+
+Each step shares one token budget (max_num_batched_tokens) between running requests (decodes
+and unfinished prefill chunks, served first, in admission order) and waiting requests (admitted
+first come, first served, their prompts chunked to fit the budget when chunked prefill is on).
+When the block pool runs dry, the most recently admitted running request is preempted by
+recompute: its blocks are freed and it goes back to the head of the queue, keeping its tokens.
+
+The simulator runs this very class with a cost model in place of the model runner.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import CacheConfig, SchedulerConfig
+from engine.sequence import RequestStatus, Sequence
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """num_tokens tokens of one request, starting at position start, computed this step."""
+
+    request_id: str
+    start: int
+    num_tokens: int
+    is_prefill: bool
+    # True when the chunk reaches the request's last known token, so the step samples a token.
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    request_id: str
+    reason: str
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 eos_token_ids: Iterable[int] = ()) -> None:
+        self.config = scheduler_config
+        self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size,
+                                          cache_config.enable_prefix_caching)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, Sequence] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+
+    # -- admission ----------------------------------------------------------------------------
+    def check_request(self, seq: Sequence) -> None:
+        """Raise ValueError if the request can never be served by this scheduler."""
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already in use: pick a unique id")
+        if seq.num_prompt_tokens == 0:
+            raise ValueError(f"request {seq.request_id!r} has an empty prompt: give at least one token")
+        max_len = seq.num_prompt_tokens + seq.sampling.max_tokens
+        if max_len > self.config.max_model_len:
+            raise ValueError(
+                f"request {seq.request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
+                f"({seq.sampling.max_tokens}) = {max_len} exceeds max_model_len="
+                f"{self.config.max_model_len}: shorten the prompt or lower max_tokens")
+        needed = self.block_manager.blocks_needed(max_len)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"request {seq.request_id!r} needs up to {needed} KV blocks but the pool has "
+                f"{self.block_manager.num_blocks}: raise num_blocks / the KV byte budget or lower max_tokens")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_request(seq)
+        self.requests[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str, now: float) -> Sequence:
+        seq = self.requests.get(request_id)
+        if seq is None:
+            raise ValueError(f"no unfinished request with id {request_id!r} to abort")
+        if seq.status is RequestStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, RequestStatus.FINISHED_ABORTED, now)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # -- one step -----------------------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(self._chunk(seq, num_new))
+                budget -= num_new
+                i += 1
+
+        # A step that preempted has no blocks to spare for newcomers.
+        while (not out.preempted and self.waiting and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            seq = self.waiting[0]
+            computed = self.block_manager.get_computed_blocks(seq)
+            num_cached = len(computed) * self.block_manager.block_size
+            num_new = seq.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.allocate_slots(seq, num_new, computed):
+                break
+            self.waiting.popleft()
+            seq.num_computed_tokens = num_cached
+            seq.num_cached_prompt_tokens += num_cached
+            seq.num_prefill_tokens = seq.num_tokens
+            seq.status = RequestStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            out.chunks.append(self._chunk(seq, num_new))
+            budget -= num_new
+        return out
+
+    def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        return ScheduledChunk(seq.request_id, start, num_new,
+                              is_prefill=start < seq.num_prefill_tokens,
+                              samples=start + num_new == seq.num_tokens)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = RequestStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- results of a step --------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], now: float) -> list[FinishedRequest]:
+        """Advance the scheduled requests by their computed tokens and append sampled tokens.
+
+        sampled maps request id -> new token for every chunk with samples=True.
+        Returns the requests that finished this step (their blocks are already freed).
+        """
+        finished: list[FinishedRequest] = []
+        for chunk in out.chunks:
+            seq = self.requests.get(chunk.request_id)
+            if seq is None or seq.status is not RequestStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += chunk.num_tokens
+            self.block_manager.cache_full_blocks(seq)
+            if not chunk.samples:
+                continue
+            token = sampled[chunk.request_id]
+            seq.append_token(token, now)
+            status = self._stop_status(seq, token)
+            if status is not None:
+                self.running.remove(seq)
+                self._finish(seq, status, now)
+                finished.append(FinishedRequest(seq.request_id, status.value))
+        return finished
+
+    def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:
+        params = seq.sampling
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            return RequestStatus.FINISHED_STOPPED
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, status: RequestStatus, now: float) -> None:
+        self.block_manager.free(seq)
+        seq.status = status
+        seq.finish_time = now
+        del self.requests[seq.request_id]

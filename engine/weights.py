@@ -1,0 +1,79 @@
+"""Load transformers-format weights (a state_dict or a local safetensors directory) into DecoderModel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from engine.model import DecoderModel
+
+
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    directory = Path(path)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {directory}: save the model with "
+                         "save_pretrained(..., safe_serialization=True) or pass a state_dict")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def load_hf_weights(model: DecoderModel, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Copy a transformers Llama/Mistral/Qwen2/Qwen3 state_dict into the fused engine model."""
+    weights = {name.removeprefix("model."): tensor for name, tensor in state_dict.items()}
+    config = model.config
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if name not in weights:
+            raise ValueError(f"checkpoint lacks weight {name!r}: is it a {config.model_type} checkpoint "
+                             "of this config?")
+        used.add(name)
+        return weights[name]
+
+    def assign(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+        if param.shape != value.shape:
+            raise ValueError(f"weight {name}: checkpoint shape {tuple(value.shape)} != model shape "
+                             f"{tuple(param.shape)}: the config does not match the checkpoint")
+        param.copy_(value)
+
+    with torch.no_grad():
+        assign(model.embed_tokens.weight, take("embed_tokens.weight"), "embed_tokens.weight")
+        assign(model.norm.weight, take("norm.weight"), "norm.weight")
+        if not config.tie_word_embeddings:
+            assign(model.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
+        for i, layer in enumerate(model.layers):
+            p = f"layers.{i}."
+            attn = layer.self_attn
+            qkv = [take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            assign(attn.qkv_proj.weight, torch.cat(qkv), p + "self_attn.qkv_proj.weight")
+            if config.qkv_bias:
+                bias = [take(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
+                assign(attn.qkv_proj.bias, torch.cat(bias), p + "self_attn.qkv_proj.bias")
+            assign(attn.o_proj.weight, take(p + "self_attn.o_proj.weight"), p + "self_attn.o_proj.weight")
+            if config.o_bias:
+                assign(attn.o_proj.bias, take(p + "self_attn.o_proj.bias"), p + "self_attn.o_proj.bias")
+            if config.qk_norm:
+                assign(attn.q_norm.weight, take(p + "self_attn.q_norm.weight"), p + "q_norm")
+                assign(attn.k_norm.weight, take(p + "self_attn.k_norm.weight"), p + "k_norm")
+            gate_up = [take(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")]
+            assign(layer.mlp.gate_up_proj.weight, torch.cat(gate_up), p + "mlp.gate_up_proj.weight")
+            assign(layer.mlp.down_proj.weight, take(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
+            if config.mlp_bias:
+                gate_up_b = [take(p + f"mlp.{x}_proj.bias") for x in ("gate", "up")]
+                assign(layer.mlp.gate_up_proj.bias, torch.cat(gate_up_b), p + "mlp.gate_up_proj.bias")
+                assign(layer.mlp.down_proj.bias, take(p + "mlp.down_proj.bias"), p + "mlp.down_proj.bias")
+            assign(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
+            assign(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"),
+                   p + "post_attention_layernorm")
+    unused = [n for n in weights if n not in used and not n.endswith("rotary_emb.inv_freq")
+              and not (config.tie_word_embeddings and n == "lm_head.weight")]
+    if unused:
+        raise ValueError(f"checkpoint has weights the {config.model_type} model does not use "
+                         f"(first: {unused[:3]}): the config does not match the checkpoint")

@@ -1,0 +1,1 @@
+"""servecast simulator (see ../shared/DESIGN.md). Imports no torch."""
