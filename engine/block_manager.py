@@ -92,7 +92,8 @@ class BlockManager:
         Takes no references. The last token is never served from cache, so at least one token
         is always computed and there are logits to sample from.
         """
-        if not self.enable_prefix_caching:
+        # Prompt logits need every prompt position computed, so such requests read no cache.
+        if not self.enable_prefix_caching or seq.sampling.return_prompt_logits:
             return []
         num_full = (seq.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(seq, num_full)

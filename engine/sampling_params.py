@@ -14,7 +14,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    # Keep the logits of every prompt position (for scoring and parity checks).
+    # Keep the logits of every prompt position (for scoring and parity checks). Such a request
+    # computes its whole prompt: it reads nothing from the prefix cache (it still fills it).
     return_prompt_logits: bool = False
 
     def __post_init__(self) -> None:
