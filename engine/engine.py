@@ -19,13 +19,25 @@ from engine.sequence import Sequence
 from engine.weights import load_hf_weights, read_safetensors_dir
 
 
+def resolve_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this machine has no CUDA device: use 'cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r} is not supported: use 'cpu' or 'cuda'")
+    return device
+
+
 class LLMEngine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None,
                  state_dict: dict[str, torch.Tensor] | None = None, random_seed: int = 0) -> None:
         """An engine over a model; with no state_dict the weights are random (seeded by random_seed)."""
         self.model_config = model_config
         self.config = config = config or EngineConfig()
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.scheduler_config = config.scheduler_config(model_config)
         self.cache_config = config.cache_config(model_config)

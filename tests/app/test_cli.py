@@ -1,0 +1,54 @@
+"""The servecast CLI: the bundled job runs, --json is machine-readable, bad input exits 2 in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+
+runner = CliRunner()
+SMALL = ["generate", "--num-requests", "4", "--rate", "inf", "--length-scale", "0.02", "--max-total-tokens", "96"]
+
+
+def test_generate_json_summary_and_out_dir(tmp_path) -> None:
+    result = runner.invoke(app, [*SMALL, "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_requests"] == 4
+    assert summary["throughput"]["output_tokens_per_s"] > 0
+    assert summary["ttft_s"]["p50"] <= summary["e2e_s"]["p99"]
+    assert json.loads((tmp_path / "summary.json").read_text())["num_requests"] == 4
+    assert len((tmp_path / "requests.csv").read_text().strip().splitlines()) == 5
+
+
+def test_generate_prints_a_table() -> None:
+    result = runner.invoke(app, SMALL)
+    assert result.exit_code == 0, result.output
+    assert "Per-request timings" in result.stdout and "req-3" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "fast"], "--rate must be a number"),
+    (["--rate", "0"], "--rate must be positive"),
+    (["--block-size", "0"], "block_size must be positive"),
+    (["--dtype", "int3"], "dtype 'int3' is not supported"),
+    (["--device", "tpu"], "unknown device"),
+    (["--lengths", "/nonexistent.csv"], "no length file"),
+    (["--num-requests", "0"], "num_requests must be positive"),
+    (["--max-num-batched-tokens", "8", "--no-chunked-prefill"], "without chunked prefill"),
+])
+def test_bad_input_exits_2_with_one_line(args, message) -> None:
+    result = runner.invoke(app, [*SMALL, *args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_length_rows_are_reported_by_line(tmp_path) -> None:
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n10,5\n12,x\n")
+    result = runner.invoke(app, [*SMALL, "--lengths", str(path)])
+    assert result.exit_code == 2 and f"{path}:3" in result.stderr
