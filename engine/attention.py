@@ -1,8 +1,8 @@
 """Paged attention over a packed (varlen) batch: K/V are read from the cache through block tables.
 
 Tokens of all requests in a step are packed into one [tokens, heads, head_dim] tensor. Requests
-with one query token (decodes, and one-token prefill chunks) are attended together in one padded
-batch; longer chunks (prefills) one by one, each over its full cached context.
+with one query token (decodes, and one-token prefill chunks) are attended in padded batches of
+similar context length; longer chunks (prefills) one by one, each over its full cached context.
 """
 
 from __future__ import annotations
@@ -14,13 +14,26 @@ import torch.nn.functional as F
 
 from engine.kv_cache import KVCache
 
+# Decodes are sorted by context length and cut into padded batches: a new batch starts when
+# padding the current one to the next sequence's length would add more than this many key
+# positions, about what one more gather + attention call costs on a CPU.
+DECODE_PAD_TOKENS = 512
+
+
+@dataclass
+class DecodeBatch:
+    token_index: torch.Tensor  # [batch] rows of the packed tokens
+    blocks: torch.Tensor  # [batch * width] block ids, each sequence's table padded to width with block 0
+    width: int  # blocks per sequence after padding
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> [batch, 1, 1, keys]
+
 
 @dataclass
 class PrefillSlice:
     token_begin: int  # in the packed batch
     token_end: int
     start_position: int  # position of the first query token in its sequence
-    block_table: torch.Tensor  # [num_blocks_of_this_sequence]
+    blocks: torch.Tensor  # the sequence's block table
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)  # window -> [q, ctx]
 
     @property
@@ -31,42 +44,38 @@ class PrefillSlice:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens]
-    decode_token_index: torch.Tensor | None  # [decodes] positions in the packed batch
-    decode_block_tables: torch.Tensor | None  # [decodes, max_blocks], padded with block 0
-    decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> [D,1,1,L]
+    decodes: list[DecodeBatch] = field(default_factory=list)
     prefills: list[PrefillSlice] = field(default_factory=list)
 
 
-def build_metadata(positions: list[int], slots: list[int], chunks: list[tuple[int, int, list[int]]],
-                   block_size: int, windows: set[int | None], device: torch.device) -> AttentionMetadata:
+def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], block_size: int,
+                   windows: set[int | None], device: torch.device) -> AttentionMetadata:
     """chunks: (start_position, num_tokens, block_table) in packed order."""
-    decode_index, decode_tables, decode_lens = [], [], []
-    prefills: list[PrefillSlice] = []
+    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device))
+    decodes: list[tuple[int, int, list[int]]] = []  # (context length, packed row, block table)
     begin = 0
-    for start, num_tokens, block_table in chunks:
+    for start, num_tokens, table in chunks:
         if num_tokens == 1:
-            decode_index.append(begin)
-            decode_tables.append(block_table)
-            decode_lens.append(start + 1)
+            decodes.append((start + 1, begin, table))
         else:
-            prefills.append(PrefillSlice(begin, begin + num_tokens, start,
-                                         torch.tensor(block_table, dtype=torch.long, device=device)))
+            meta.prefills.append(PrefillSlice(begin, begin + num_tokens, start,
+                                              torch.tensor(table, dtype=torch.long, device=device)))
         begin += num_tokens
-    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), None, None, prefills=prefills)
-    if decode_index:
-        width = max(len(t) for t in decode_tables)
-        padded = [t + [0] * (width - len(t)) for t in decode_tables]
-        meta.decode_token_index = torch.tensor(decode_index, dtype=torch.long, device=device)
-        meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=device)
-        lens = torch.tensor(decode_lens, dtype=torch.long, device=device)[:, None]
+    for group in _decode_groups(sorted(decodes, key=lambda d: d[0]), block_size):
+        width = -(-group[-1][0] // block_size)  # the longest context sets the padded width
+        blocks = [b for _, _, table in group for b in (table[:width] + [0] * (width - len(table[:width])))]
+        batch = DecodeBatch(torch.tensor([row for _, row, _ in group], dtype=torch.long, device=device),
+                            torch.tensor(blocks, dtype=torch.long, device=device), width)
+        lens = torch.tensor([n for n, _, _ in group], dtype=torch.long, device=device)[:, None]
         keys = torch.arange(width * block_size, device=device)[None, :]
         for window in windows:
             valid = keys < lens
             if window is not None:
                 valid &= keys > lens - 1 - window
-            meta.decode_masks[window] = valid[:, None, None, :]
-    for p in prefills:
-        q_pos = torch.arange(p.start_position, p.start_position + p.token_end - p.token_begin, device=device)[:, None]
+            batch.masks[window] = valid[:, None, None, :]
+        meta.decodes.append(batch)
+    for p in meta.prefills:
+        q_pos = torch.arange(p.start_position, p.context_len, device=device)[:, None]
         keys = torch.arange(p.context_len, device=device)[None, :]
         for window in windows:
             if window is None and p.start_position == 0:
@@ -77,6 +86,20 @@ def build_metadata(positions: list[int], slots: list[int], chunks: list[tuple[in
                 valid &= keys > q_pos - window
             p.masks[window] = valid
     return meta
+
+
+def _decode_groups(decodes: list[tuple[int, int, list[int]]], block_size: int):
+    group: list[tuple[int, int, list[int]]] = []
+    width = 0
+    for d in decodes:
+        new_width = -(-d[0] // block_size)
+        if group and len(group) * (new_width - width) * block_size > DECODE_PAD_TOKENS:
+            yield group
+            group = []
+        group.append(d)
+        width = new_width
+    if group:
+        yield group
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
@@ -90,29 +113,28 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    k_pool, v_pool = cache.k[layer], cache.v[layer]
 
-    if meta.decode_token_index is not None:
-        tables = meta.decode_block_tables
-        batch = tables.shape[0]
-        keys = k_pool[tables].view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-        values = v_pool[tables].view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+    for d in meta.decodes:
+        batch = d.token_index.numel()
+        keys, values = cache.gather(layer, d.blocks)  # [kv_heads, batch * keys, head_dim]
+        keys = keys.view(num_kv_heads, batch, -1, head_dim).transpose(0, 1)
+        values = values.view(num_kv_heads, batch, -1, head_dim).transpose(0, 1)
         # One query token per sequence: the query heads of a KV group act as that group's
         # "query length", so K/V are read once per group instead of being repeated.
-        queries = q[meta.decode_token_index].view(batch, num_kv_heads, group, head_dim)
-        attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.decode_masks[window],
-                                              scale=scale)
-        out[meta.decode_token_index] = attn.reshape(batch, num_heads, head_dim)
+        queries = q[d.token_index].view(batch, num_kv_heads, group, head_dim)
+        attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=d.masks[window], scale=scale)
+        out[d.token_index] = attn.reshape(batch, num_heads, head_dim)
 
     for p in meta.prefills:
-        queries = q[p.token_begin:p.token_end].transpose(0, 1)  # [heads, n, d]
+        queries = q[p.token_begin:p.token_end].transpose(0, 1)  # [heads, n, head_dim]
         if p.start_position == 0:
-            keys, values = k[p.token_begin:p.token_end], v[p.token_begin:p.token_end]
+            keys = k[p.token_begin:p.token_end].transpose(0, 1)
+            values = v[p.token_begin:p.token_end].transpose(0, 1)
         else:
-            keys = k_pool[p.block_table].view(-1, num_kv_heads, head_dim)[:p.context_len]
-            values = v_pool[p.block_table].view(-1, num_kv_heads, head_dim)[:p.context_len]
-        keys = keys.transpose(0, 1).repeat_interleave(group, dim=0)
-        values = values.transpose(0, 1).repeat_interleave(group, dim=0)
+            keys, values = cache.gather(layer, p.blocks)
+            keys, values = keys[:, :p.context_len], values[:, :p.context_len]
+        keys = keys.repeat_interleave(group, dim=0)
+        values = values.repeat_interleave(group, dim=0)
         mask = p.masks[window]
         attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                               scale=scale)

@@ -248,6 +248,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    # On CPU, run GEMMs through oneDNN on weights packed at load time (engine/linear.py).
+    pack_cpu_weights: bool = True
     # Used only when neither num_blocks nor kv_cache_memory_bytes is given.
     default_kv_cache_memory_bytes: int = 256 * 2**20
 

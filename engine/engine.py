@@ -51,6 +51,8 @@ class LLMEngine:
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
         self.model.rotary.to(device=self.device, dtype=torch.float32)
+        if config.pack_cpu_weights and self.device.type == "cpu":
+            self.model.pack_linears_for_cpu()
         self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype)
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logits: dict[str, list[torch.Tensor]] = {}

@@ -64,7 +64,7 @@ class ModelRunner:
                 n = min(end_pos, seq.num_prompt_tokens) - chunk.start
                 logit_ranges.append((chunk.request_id, begin, n, chunk.start))
 
-        meta = build_metadata(positions, slots, chunks, bs, self.windows, self.device)
+        meta = build_metadata(slots, chunks, bs, self.windows, self.device)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device),
                             torch.tensor(positions, dtype=torch.long, device=self.device), meta, self.cache)
         result = StepResult()

@@ -34,6 +34,15 @@ def test_greedy_matches_transformers(name: str, block_size: int) -> None:
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
+@pytest.mark.parametrize("name", ["qwen2-bias", "llama-mqa-tied"])
+def test_plain_torch_linears_match_too(name: str) -> None:
+    # The CUDA path: F.linear on unpacked weights (CPU tests otherwise use oneDNN-packed GEMMs).
+    prompts = random_prompts([12, 29], seed=13)
+    engine = engine_for(name, pack_cpu_weights=False)
+    assert all(m.packed is None for m in engine.model.modules() if hasattr(m, "packed"))
+    assert [o.output_token_ids for o in engine.generate(prompts, GREEDY)] == references(name, prompts)
+
+
 @pytest.mark.parametrize("name", ["llama-gqa-hd64", "mistral-swa"])
 def test_requests_arriving_while_others_decode(name: str) -> None:
     prompts = random_prompts([5, 21, 9, 40, 3, 17], seed=1)
@@ -142,3 +151,12 @@ def test_bfloat16_runs_and_tracks_float32() -> None:
     err = (out.prompt_logits - reference).abs().max().item()
     assert err < 0.05 * reference.abs().max().item()
     assert (out.prompt_logits.argmax(-1) == reference.argmax(-1)).float().mean().item() > 0.9
+
+
+def test_many_concurrent_decodes_of_different_lengths() -> None:
+    # Enough sequences, of spread-out lengths, that decodes are split into several padded batches.
+    name = "llama-gqa-hd64"
+    prompts = random_prompts([3 + 5 * i for i in range(40)], seed=14)
+    engine = engine_for(name, max_num_seqs=40, max_num_batched_tokens=512, num_blocks=1024)
+    outputs = engine.generate(prompts, GREEDY)
+    assert [o.output_token_ids for o in outputs] == references(name, prompts)

@@ -1,0 +1,33 @@
+"""A linear layer that, on CPU, runs oneDNN GEMMs over a weight packed once at load time.
+
+On this project's CPUs the packed GEMM ran 10-50% faster than F.linear for the layer shapes of
+a small decoder and 2-3x faster for a wide LM head at decode batch sizes (bench/linear_backends.py).
+CUDA, and CPUs where torch lacks oneDNN, use F.linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Linear):
+    packed: torch.Tensor | None = None
+
+    def pack_for_cpu(self) -> bool:
+        """Pack the current weight for oneDNN; the weight must not change afterwards."""
+        if self.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        if self.weight.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        except (RuntimeError, AttributeError):  # an op this torch build lacks
+            self.packed = None
+        return self.packed is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+        return F.linear(x, self.weight, self.bias)
