@@ -52,8 +52,6 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
         self._by_hash: dict[int, int] = {}  # hash -> block id
-        self.num_cache_queries = 0
-        self.num_cache_hits = 0  # in tokens
 
     # -- accounting ---------------------------------------------------------------------------
     @property
@@ -110,8 +108,6 @@ class BlockManager:
                 break  # a hash collision: different content under the same hash
             found.append(block_id)
             parent_id, parent_gen = block_id, self.generations[block_id]
-        self.num_cache_queries += 1
-        self.num_cache_hits += len(found) * bs
         return found
 
     def cache_full_blocks(self, seq: Sequence) -> None:

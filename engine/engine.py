@@ -58,6 +58,7 @@ class LLMEngine:
         self._prompt_logits: dict[str, list[torch.Tensor]] = {}
         self._default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.num_steps = 0
+        self._num_generated = 0
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -112,6 +113,9 @@ class LLMEngine:
         """Run one scheduler step; return an output for every request that got a token or finished."""
         out = self.scheduler.schedule(time.perf_counter())
         if out.is_empty:
+            if self.scheduler.has_unfinished():
+                # Every admitted request fits the pool alone, so an idle step with work left is a bug.
+                raise RuntimeError("the scheduler scheduled nothing while requests are unfinished")
             return []
         requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
         result = self.runner.execute(out, requests, self._generators)
@@ -141,15 +145,15 @@ class LLMEngine:
             token_times=list(seq.token_times), num_preemptions=seq.num_preemptions,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens, prompt_logits=logits)
 
-    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 progress: bool = False) -> list[RequestOutput]:
+    def generate(self, prompts: Seq[Seq[int]],
+                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run prompts to completion through continuous batching; outputs in input order."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params: give one or one each")
-        base = f"gen{self.num_steps}-{id(prompts)}-"
-        ids = [f"{base}{i}" for i in range(len(prompts))]
+        ids = [f"generate-{self._num_generated + i}" for i in range(len(prompts))]
+        self._num_generated += len(prompts)
         for request_id, prompt, p in zip(ids, prompts, params):
             self.add_request(request_id, prompt, p)
         finished: dict[str, RequestOutput] = {}

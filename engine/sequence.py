@@ -44,6 +44,8 @@ class Sequence:
     num_prefill_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    # Tokens whose KV came from the prefix cache, summed over admissions (a request re-admitted
+    # after preemption may hit its own earlier blocks).
     num_cached_prompt_tokens: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
