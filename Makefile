@@ -22,4 +22,6 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)
+	$(VENV)/bin/pip install -q -e ".[bench]"
+	$(VENV)/bin/python bench/linear_backends.py
 	$(VENV)/bin/python bench/engine_throughput.py

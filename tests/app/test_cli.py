@@ -24,6 +24,16 @@ def test_generate_json_summary_and_out_dir(tmp_path) -> None:
     assert len((tmp_path / "requests.csv").read_text().strip().splitlines()) == 5
 
 
+def test_generate_with_a_local_model_directory(tmp_path) -> None:
+    from tests.tiny_models import hf_model
+
+    hf_model("qwen2-bias").save_pretrained(tmp_path)
+    result = runner.invoke(app, [*SMALL, "--model", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["engine"]["model"] == str(tmp_path) and summary["num_requests"] == 4
+
+
 def test_generate_prints_a_table() -> None:
     result = runner.invoke(app, SMALL)
     assert result.exit_code == 0, result.output
