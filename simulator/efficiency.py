@@ -1,0 +1,82 @@
+"""Roofline x efficiency: the time model for operators on hardware without (or beyond) a profile. No torch.
+
+For an operator doing F FLOPs and moving B bytes on a device with peak P (FLOP/s) and bandwidth W
+(bytes/s), the ideal times are tc = F/P and tm = B/W. Achieved efficiencies rise with problem size,
+measured in ideal seconds so that a slower device saturates at a proportionally smaller problem:
+
+    eta_c(tc) = ec_max / (1 + (sc / tc) ** ac)      eta_m(tm) = em_max / (1 + (sm / tm) ** am)
+    t = t0 + max(tc / eta_c, tm / eta_m)
+
+With ec_max, em_max <= 1 the prediction is never faster than the roofline max(tc, tm).
+Parameters are fitted per operator family (calibrate/fit.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    t0: float = 5e-6
+    ec_max: float = 0.8
+    log_sc: float = math.log(2e-5)
+    ac: float = 1.0
+    em_max: float = 0.8
+    log_sm: float = math.log(2e-5)
+    am: float = 1.0
+
+    def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
+        tc = flops / peak_flops
+        tm = nbytes / bandwidth
+        compute = tc / (self.ec_max / (1 + (math.exp(self.log_sc) / tc) ** self.ac)) if tc > 0 else 0.0
+        memory = tm / (self.em_max / (1 + (math.exp(self.log_sm) / tm) ** self.am)) if tm > 0 else 0.0
+        return self.t0 + max(compute, memory)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, float]) -> "EfficiencyCurve":
+        return cls(**{k: float(v) for k, v in raw.items()})
+
+    @classmethod
+    def from_vector(cls, v) -> "EfficiencyCurve":
+        return cls(*[float(x) for x in v])
+
+    def vector(self) -> list[float]:
+        return [self.t0, self.ec_max, self.log_sc, self.ac, self.em_max, self.log_sm, self.am]
+
+
+# -- work of each operator: (FLOPs, bytes) ------------------------------------------------------
+def gemm_work(m: int, n: int, k: int, dtype: str) -> tuple[float, float]:
+    return 2.0 * m * n * k, float(m * k + k * n + m * n) * DTYPE_BYTES[dtype]
+
+
+def prefill_attention_work(q_len: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                           dtype: str) -> tuple[float, float]:
+    # Causal: query i of the chunk sees kv_len - q_len + i + 1 keys.
+    keys = q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
+    flops = 4.0 * keys * num_heads * head_dim
+    nbytes = (2 * q_len * num_heads + 2 * kv_len * num_kv_heads) * head_dim * DTYPE_BYTES[dtype]
+    return flops, float(nbytes)
+
+
+def decode_attention_work(kv_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+                          dtype: str) -> tuple[float, float]:
+    total = sum(kv_lens)
+    flops = 4.0 * total * num_heads * head_dim
+    nbytes = (2 * total * num_kv_heads + 2 * len(kv_lens) * num_heads) * head_dim * DTYPE_BYTES[dtype]
+    return flops, float(nbytes)
+
+
+def elementwise_work(tokens: int, hidden: int, dtype: str) -> tuple[float, float]:
+    # Read once, write once (norms also read a weight vector, adds read two inputs: same order).
+    return float(tokens * hidden), 2.0 * tokens * hidden * DTYPE_BYTES[dtype]
+
+
+def kv_write_work(tokens: int, num_kv_heads: int, head_dim: int, dtype: str) -> tuple[float, float]:
+    return 0.0, 4.0 * tokens * num_kv_heads * head_dim * DTYPE_BYTES[dtype]

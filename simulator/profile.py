@@ -1,0 +1,170 @@
+"""The servecast profile format: measured operator times of one device. No torch.
+
+A profile is a JSON Lines file. Line 1 is the header; every further line is one measurement:
+
+    {"format": "servecast-profile", "version": 1, "hardware": "cpu-local",
+     "fingerprint": {"device_name": ..., "torch": ..., "threads": ..., "dtype": ..., "attention": ...,
+                     "gemm": ...},
+     "peaks": {"matmul_flops": 2.1e11, "memory_bandwidth": 2.7e10}, "source": "servecast profile"}
+    {"op": "gemm", "name": "qkv_proj", "m": 64, "n": 1024, "k": 512, "dtype": "fp32", "time_s": 0.00031}
+    {"op": "attention_decode", "batch": 16, "kv_len": 512, "num_heads": 8, "num_kv_heads": 4,
+     "head_dim": 64, "dtype": "fp32", "time_s": 0.0004}
+
+Operators and their keys (times are medians, in seconds, of one call on one shard):
+  gemm               m (tokens), n (output features), k (input features), dtype
+  attention_prefill  q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype
+  attention_decode   batch, kv_len (same for every sequence), num_heads, num_kv_heads, head_dim, dtype
+  kv_write           tokens, num_kv_heads, head_dim, dtype
+  elementwise        name (norm, rope, act, add, ...), tokens, hidden, dtype
+  sample             batch, vocab
+  step_overhead      batch (host-side scheduling and input preparation per engine step)
+  all_reduce         nbytes, world
+  send_recv          nbytes
+
+`peaks` are the device's measured best matmul rate (FLOP/s) and copy bandwidth (bytes/s);
+`hardware` names a catalog entry. Appending one line per finished measurement makes a profile
+resumable: a rerun skips every measurement already in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "servecast-profile"
+VERSION = 1
+
+OP_KEYS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k", "dtype"),
+    "attention_prefill": ("q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
+    "attention_decode": ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
+    "kv_write": ("tokens", "num_kv_heads", "head_dim", "dtype"),
+    "elementwise": ("name", "tokens", "hidden", "dtype"),
+    "sample": ("batch", "vocab"),
+    "step_overhead": ("batch",),
+    "all_reduce": ("nbytes", "world"),
+    "send_recv": ("nbytes",),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    op: str
+    params: tuple[tuple[str, Any], ...]  # the op's keys, in OP_KEYS order
+    time_s: float
+    name: str | None = None  # which layer a GEMM belongs to (informational)
+    # Provenance kept with a measurement, e.g. the model shape of an imported Vidur row.
+    tags: tuple[tuple[str, Any], ...] = ()
+
+    def get(self, key: str) -> Any:
+        return dict(self.params)[key]
+
+    @property
+    def key(self) -> tuple:
+        return (self.op, self.params)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, **dict(self.params), "time_s": self.time_s}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tags:
+            out["tags"] = dict(self.tags)
+        return out
+
+    @classmethod
+    def make(cls, op: str, time_s: float, name: str | None = None, tags: dict[str, Any] | None = None,
+             **params: Any) -> "Measurement":
+        return cls._validated({"op": op, "time_s": time_s, "name": name, "tags": tags or {}, **params},
+                              where="measurement")
+
+    @classmethod
+    def _validated(cls, raw: dict[str, Any], where: str) -> "Measurement":
+        op = raw.get("op")
+        if op not in OP_KEYS:
+            raise ValueError(f"{where}: unknown op {op!r}; known: {', '.join(OP_KEYS)}")
+        missing = [k for k in (*OP_KEYS[op], "time_s") if k not in raw]
+        if missing:
+            raise ValueError(f"{where}: {op} measurement lacks {', '.join(missing)}")
+        time_s = raw["time_s"]
+        if not isinstance(time_s, (int, float)) or not math.isfinite(time_s) or time_s <= 0:
+            raise ValueError(f"{where}: time_s must be a positive finite number of seconds, got {time_s!r}")
+        params = []
+        for k in OP_KEYS[op]:
+            value = raw[k]
+            if k not in ("dtype", "name"):
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                    raise ValueError(f"{where}: {k} must be a positive number, got {value!r}")
+                value = int(value)
+            params.append((k, value))
+        name = raw.get("name") if op != "elementwise" else None
+        tags = raw.get("tags") or {}
+        if not isinstance(tags, dict):
+            raise ValueError(f"{where}: tags must be a mapping")
+        return cls(op, tuple(params), float(time_s), name, tuple(sorted(tags.items())))
+
+
+@dataclass
+class Profile:
+    hardware: str
+    fingerprint: dict[str, Any]
+    peaks: dict[str, float]
+    source: str
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def header(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "hardware": self.hardware, "fingerprint": self.fingerprint,
+                "peaks": self.peaks, "source": self.source}
+
+    def of(self, op: str) -> list[Measurement]:
+        return [m for m in self.measurements if m.op == op]
+
+    def save(self, path: str | Path) -> None:
+        with Path(path).open("w") as f:
+            f.write(json.dumps(self.header()) + "\n")
+            for m in self.measurements:
+                f.write(json.dumps(m.to_json()) + "\n")
+
+    @staticmethod
+    def append(path: str | Path, measurement: Measurement) -> None:
+        with Path(path).open("a") as f:
+            f.write(json.dumps(measurement.to_json()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, known_hardware: set[str] | None = None) -> "Profile":
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"no profile at {path}: run `servecast profile` or import one")
+        lines = path.read_text().splitlines()
+        if not lines:
+            raise ValueError(f"{path} is empty: not a servecast profile")
+        try:
+            header = json.loads(lines[0])
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}:1: not JSON: is this a servecast profile?") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ValueError(f"{path}:1: not a servecast profile header (format must be {FORMAT!r})")
+        if header.get("version") != VERSION:
+            raise ValueError(f"{path}:1: profile version {header.get('version')!r} is not supported (want {VERSION})")
+        hardware = header.get("hardware")
+        if not isinstance(hardware, str) or (known_hardware is not None and hardware not in known_hardware):
+            raise ValueError(f"{path}:1: unknown device {hardware!r}: name a catalog hardware id "
+                             "(or add the device in a hardware file)")
+        peaks = header.get("peaks") or {}
+        for key, value in peaks.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{path}:1: peak {key} must be a positive number, got {value!r}")
+        profile = cls(hardware, header.get("fingerprint") or {}, dict(peaks), header.get("source", ""))
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{number}: not JSON") from None
+            profile.measurements.append(Measurement._validated(raw, where=f"{path}:{number}"))
+        if not profile.measurements:
+            raise ValueError(f"{path} holds no measurements")
+        return profile
