@@ -70,3 +70,73 @@ def samples_of(measurements: Iterable[Measurement], work) -> list[Sample]:
 
 def write_params(path: str | Path, params: dict) -> None:
     Path(path).write_text(json.dumps(params, indent=2) + "\n")
+
+
+# -- the shipped parameter file ------------------------------------------------------------------
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+PARAMS_OUT = Path(__file__).resolve().parent.parent / "simulator" / "catalog" / "efficiency.json"
+HELD_OUT_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def vidur_profiles(sku: str, shared: Path = SHARED) -> list:
+    from calibrate.vidur import import_vidur_compute
+
+    files = sorted((shared / "profiles" / "vidur" / "compute" / sku).glob("*/*/mlp.csv"))
+    if not files:
+        raise ValueError(f"no Vidur {sku} profiles under {shared}/profiles/vidur/compute: is ../shared there?")
+    return [import_vidur_compute(f) for f in files]
+
+
+def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
+    """GEMM and elementwise curves fitted on the Vidur A100 profiles (fp16)."""
+    from simulator.catalog.hardware import get_accelerator
+    from simulator.cost_model import curve_keys_of, work_of
+
+    a100 = get_accelerator("a100-80gb")
+    groups: dict[str, list[Sample]] = {}
+    for profile in vidur_profiles("a100", shared):
+        for m in profile.measurements:
+            if m.op == "elementwise" and m.get("name") == "embedding":
+                continue  # a lookup, not a streaming op
+            for key in curve_keys_of(m):
+                groups.setdefault(key, []).append(Sample(*work_of(m), m.time_s))
+    return {key: fit_curve(samples, a100.peak_flops("fp16"), a100.memory_bandwidth)
+            for key, samples in groups.items() if len(samples) >= 8}
+
+
+def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> dict[str, float]:
+    """MAPE of predicting the A40's measured GEMMs (and elementwise ops) from curves fitted on the A100."""
+    from simulator.catalog.hardware import get_accelerator
+    from simulator.cost_model import CostModel, work_of
+
+    a40 = get_accelerator("a40")
+    model = CostModel(a40, dict(curves), {"extrapolated": 0.0, "fitted": 0.0, "interpolated": 0.0, "measured": 0.0})
+    errors: dict[str, list[float]] = {}
+    for profile in vidur_profiles("a40", shared):
+        for m in profile.measurements:
+            label = m.name if m.op == "gemm" else m.get("name")
+            if label == "embedding":
+                continue
+            key = f"gemm:{m.name}" if m.op == "gemm" else f"elementwise:{label}"
+            predicted = model._model(key, *work_of(m), "fp16").time_s
+            errors.setdefault(label, []).append(abs(predicted - m.time_s) / m.time_s)
+    return {label: float(np.mean(v)) for label, v in errors.items()}
+
+
+def build_params(shared: Path = SHARED, out: Path = PARAMS_OUT) -> dict:
+    curves = fit_gpu_curves(shared)
+    held_out = gpu_held_out(curves, shared)
+    gemm_error = float(np.mean([held_out[op] for op in HELD_OUT_OPS]))
+    params = {
+        "fitted_on": "Vidur A100-80GB mlp.csv profiles (fp16), ../shared/profiles/vidur; calibrate/fit.py",
+        "curves": {k: v.to_dict() for k, v in sorted(curves.items())},
+        "held_out_a40_mape": {k: round(v, 4) for k, v in sorted(held_out.items())},
+        "expected_error": {"extrapolated": round(gemm_error, 4), "fitted": 0.15},
+    }
+    write_params(out, params)
+    return params
+
+
+if __name__ == "__main__":
+    result = build_params()
+    print(json.dumps(result["held_out_a40_mape"], indent=2))

@@ -19,6 +19,23 @@ from simulator.profile import Measurement, Profile
 SKU_TO_HARDWARE = {"a100": "a100-80gb", "a40": "a40", "h100": "h100-sxm"}
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+# Vidur's elementwise operators under the names servecast's profiler uses.
+ELEMENTWISE_NAMES = {"emb": "embedding", "input_layernorm": "rms_norm", "post_attention_layernorm": "rms_norm_post",
+                     "attn_rope": "rope", "mlp_act": "swiglu", "add": "add"}
+# Vidur's GEMMs under the engine's layer names.
+GEMM_NAMES = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj", "mlp_up_proj": "gate_up_proj",
+              "mlp_down_proj": "down_proj"}
+VIDUR_NAMES = {v: k for k, v in {**ELEMENTWISE_NAMES, **GEMM_NAMES}.items()}
+
+
+def _elementwise_width(op: str, row: dict) -> int:
+    tp = row["num_tensor_parallel_workers"]
+    head_dim = row["n_embd"] // row["n_head"]
+    if op == "attn_rope":
+        return (row["n_head"] // tp + max(row["n_kv_head"] // tp, 1)) * head_dim
+    if op == "mlp_act":
+        return row["n_expanded_embd"] // tp
+    return row["n_embd"]
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
                  "num_tensor_parallel_workers")
 STATS = ("min", "max", "mean", "median", "std")
@@ -86,11 +103,12 @@ def import_vidur_compute(mlp_csv: str | Path, hardware: str | None = None, model
         for op, ms in row["times_ms"].items():
             if op in GEMMS:
                 n, k = _gemm_shape(op, row)
-                profile.measurements.append(Measurement.make("gemm", ms / 1e3, name=op, tags=tags, m=m, n=n, k=k,
-                                                             dtype="fp16"))
+                profile.measurements.append(Measurement.make("gemm", ms / 1e3, name=GEMM_NAMES[op], tags=tags, m=m,
+                                                             n=n, k=k, dtype="fp16"))
             else:
-                profile.measurements.append(Measurement.make("elementwise", ms / 1e3, tags=tags, name=op, tokens=m,
-                                                             hidden=row["n_embd"], dtype="fp16"))
+                profile.measurements.append(Measurement.make("elementwise", ms / 1e3, tags=tags,
+                                                             name=ELEMENTWISE_NAMES[op], tokens=m,
+                                                             width=_elementwise_width(op, row), dtype="fp16"))
     if not profile.measurements:
         raise ValueError(f"{path} holds no rows")
     return profile
@@ -129,7 +147,7 @@ def export_vidur_compute(profile: Profile, mlp_csv: str | Path) -> None:
         if "num_tokens" not in tags or "row" not in tags:
             continue
         key = (tags["row"], *(tags[c] for c in SHAPE_COLUMNS))
-        rows[key][m.name if m.op == "gemm" else m.get("name")] = m.time_s * 1e3
+        rows[key][VIDUR_NAMES[m.name if m.op == "gemm" else m.get("name")]] = m.time_s * 1e3
     if not rows:
         raise ValueError("the profile has no measurements imported from Vidur: nothing to export")
     ops = [op for op in ELEMENTWISE[:1] + ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",

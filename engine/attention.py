@@ -109,6 +109,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     Writes k, v to the cache, then returns attention output [tokens, heads, head_dim].
     """
     cache.write(layer, meta.slot_mapping, k, v)
+    return attend(q, k, v, cache, layer, meta, window, scale)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+           meta: AttentionMetadata, window: int | None, scale: float) -> torch.Tensor:
+    """Attention of this step's queries over the cache (which already holds this step's k, v)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads

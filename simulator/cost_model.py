@@ -38,7 +38,6 @@ from simulator.efficiency import (
 from simulator.profile import Measurement, Profile
 
 PARAMS_FILE = Path(__file__).parent / "catalog" / "efficiency.json"
-FAMILIES = ("gemm", "attention", "memory")
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
 
@@ -100,18 +99,65 @@ class _Series:
         return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))), "interpolated"
 
 
+# When an operator has no curve of its own, the next one down this chain is used.
+FALLBACK = {"attention_prefill": "attention", "attention_decode": "attention", "attention": "gemm",
+            "kv_write": "memory", "sample": "memory"}
+
+
+def curve_key(op: str, name: str | None = None) -> str:
+    if op in ("gemm", "elementwise") and name:
+        return f"{op}:{name}"
+    return op
+
+
+def _fallback(key: str) -> str | None:
+    if key.startswith("gemm:"):
+        return "gemm"
+    if key.startswith("elementwise:"):
+        return "memory"
+    return FALLBACK.get(key)
+
+
+def work_of(m: Measurement) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of a measured operator, or None for ops outside the roofline model."""
+    p = dict(m.params)
+    dtype = canonical_dtype(p["dtype"]) if "dtype" in p else "fp32"
+    if m.op == "gemm":
+        return gemm_work(p["m"], p["n"], p["k"], dtype)
+    if m.op == "attention_prefill":
+        return prefill_attention_work(p["q_len"], p["kv_len"], p["num_heads"], p["num_kv_heads"], p["head_dim"], dtype)
+    if m.op == "attention_decode":
+        return decode_attention_work([p["kv_len"]] * p["batch"], p["num_heads"], p["num_kv_heads"], p["head_dim"],
+                                     dtype)
+    if m.op == "elementwise":
+        return elementwise_work(p["tokens"], p["width"], dtype)
+    if m.op == "kv_write":
+        return kv_write_work(p["tokens"], p["num_kv_heads"], p["head_dim"], dtype)
+    if m.op == "sample":
+        return elementwise_work(p["batch"], p["vocab"], "fp32")
+    return None
+
+
+def curve_keys_of(m: Measurement) -> list[str]:
+    """The curves a measurement helps fit: its own, and the family ones it falls back to."""
+    own = curve_key(m.op, m.name if m.op == "gemm" else (m.get("name") if m.op == "elementwise" else None))
+    keys = [own]
+    while (nxt := _fallback(keys[-1])) is not None and nxt not in keys:
+        keys.append(nxt)
+    return keys
+
+
 class CostModel:
     def __init__(self, accelerator: Accelerator, curves: dict[str, EfficiencyCurve], errors: dict[str, float],
-                 profile: Profile | None = None, peak_flops: dict[str, float] | None = None,
+                 profile: Profile | None = None, peak_flops: float | None = None,
                  bandwidth: float | None = None) -> None:
         self.accelerator = accelerator
         self.curves = curves
         self.errors = errors
         self.profile = profile
-        self._peaks = peak_flops or {}
+        self._peak = peak_flops
         self._bandwidth = bandwidth
         self._series: dict[tuple, _Series] = {}
-        self._measured_ops: dict[str, dict[tuple, float]] = defaultdict(dict)
         if profile is not None:
             self._index(profile)
 
@@ -125,96 +171,71 @@ class CostModel:
         if profile is not None and profile.hardware != hardware:
             raise ValueError(f"the profile is of {profile.hardware!r}, not {hardware!r}: load it with "
                              f"hardware={profile.hardware!r}")
-        if accelerator.profiled and profile is None:
+        if accelerator.profiled and (profile is None or not profile.peaks):
             raise ValueError(f"{hardware} is a profiled local device: pass its profile "
                              "(run `servecast profile` first)")
         shipped = json.loads(Path(params_file).read_text())
-        curves = {f: EfficiencyCurve.from_dict(shipped["curves"][f]) for f in FAMILIES}
-        errors = {"extrapolated": shipped["expected_error"]["extrapolated"],
-                  "fitted": shipped["expected_error"].get("fitted", 0.15),
-                  "interpolated": 0.05, "measured": 0.02}
-        peaks, bandwidth = {}, None
+        curves = {k: EfficiencyCurve.from_dict(v) for k, v in shipped["curves"].items()}
+        errors = dict(shipped["expected_error"])
+        errors.setdefault("interpolated", 0.05)
+        errors.setdefault("measured", 0.02)
+        peak = bandwidth = None
         if profile is not None and profile.peaks:
-            if "matmul_flops" in profile.peaks:
-                peaks = {d: profile.peaks["matmul_flops"] for d in DTYPE_BYTES}
+            peak = profile.peaks.get("matmul_flops")
             bandwidth = profile.peaks.get("memory_bandwidth")
-        model = cls(accelerator, curves, errors, profile, peaks, bandwidth)
+        model = cls(accelerator, curves, errors, profile, peak, bandwidth)
         if profile is not None:
-            model._fit_to_profile(profile)
+            model.fit_to(profile)
         return model
 
     def _index(self, profile: Profile) -> None:
         points: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
         for m in profile.measurements:
-            p = dict(m.params)
-            if m.op == "gemm":
-                points[("gemm", p["n"], p["k"], p["dtype"])].append((p["m"], m.time_s))
-            elif m.op == "attention_prefill":
-                key = ("attention_prefill", p["q_len"], p["num_heads"], p["num_kv_heads"], p["head_dim"], p["dtype"])
-                points[key].append((p["kv_len"], m.time_s))
-            elif m.op == "attention_decode":
-                key = ("attention_decode", p["batch"], p["num_heads"], p["num_kv_heads"], p["head_dim"], p["dtype"])
-                points[key].append((p["kv_len"], m.time_s))
-            elif m.op == "elementwise":
-                points[("elementwise", p["name"], p["hidden"], p["dtype"])].append((p["tokens"], m.time_s))
-            elif m.op == "kv_write":
-                points[("kv_write", p["num_kv_heads"], p["head_dim"], p["dtype"])].append((p["tokens"], m.time_s))
-            elif m.op == "sample":
-                points[("sample", p["vocab"])].append((p["batch"], m.time_s))
-            elif m.op == "step_overhead":
-                points[("step_overhead",)].append((p["batch"], m.time_s))
-            elif m.op == "all_reduce":
-                points[("all_reduce", p["world"])].append((p["nbytes"], m.time_s))
+            key, size = _series_key(m)
+            if key is not None:
+                points[key].append((size, m.time_s))
         self._series = {k: _Series(v) for k, v in points.items()}
 
-    def _fit_to_profile(self, profile: Profile) -> None:
-        """Refit the efficiency curves on this device's own measurements where it has enough."""
+    def fit_to(self, profile: Profile, min_points: int = 6) -> None:
+        """Fit this device's own efficiency curves on a profile, per operator and per family."""
         from calibrate.fit import Sample, fit_curve  # scipy; no torch
 
-        groups: dict[str, list[Sample]] = defaultdict(list)
+        groups: dict[str, list[tuple[Sample, str]]] = defaultdict(list)
         for m in profile.measurements:
-            family_work = self._work_of(m)
-            if family_work is not None:
-                family, (flops, nbytes) = family_work
-                groups[family].append(Sample(flops, nbytes, m.time_s))
-        for family, samples in groups.items():
-            if len(samples) >= 8:
-                dtype = next(iter(self._peaks), "fp16")
-                self.curves[family] = fit_curve(samples, self.peak_flops(dtype), self.bandwidth,
-                                                start=self.curves[family])
-
-    @staticmethod
-    def _work_of(m: Measurement) -> tuple[str, tuple[float, float]] | None:
-        p = dict(m.params)
-        if m.op == "gemm":
-            return "gemm", gemm_work(p["m"], p["n"], p["k"], canonical_dtype(p["dtype"]))
-        if m.op == "attention_prefill":
-            return "attention", prefill_attention_work(p["q_len"], p["kv_len"], p["num_heads"], p["num_kv_heads"],
-                                                       p["head_dim"], canonical_dtype(p["dtype"]))
-        if m.op == "attention_decode":
-            return "attention", decode_attention_work([p["kv_len"]] * p["batch"], p["num_heads"],
-                                                      p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"]))
-        if m.op == "elementwise":
-            return "memory", elementwise_work(p["tokens"], p["hidden"], canonical_dtype(p["dtype"]))
-        if m.op == "kv_write":
-            return "memory", kv_write_work(p["tokens"], p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"]))
-        return None
+            work = work_of(m)
+            if work is None:
+                continue
+            for key in curve_keys_of(m):
+                groups[key].append((Sample(*work, m.time_s), m.get("dtype") if "dtype" in dict(m.params) else "fp32"))
+        for key, samples in groups.items():
+            if len(samples) >= min_points:
+                dtype = samples[0][1]
+                start = self.curves.get(key) or self.curves.get("gemm")
+                self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self.bandwidth, start)
 
     # -- device facts -------------------------------------------------------------------------
     def peak_flops(self, dtype: str) -> float:
-        dtype = canonical_dtype(dtype)
-        if dtype in self._peaks:
-            return self._peaks[dtype]
+        if self._peak is not None:
+            return self._peak
         return self.accelerator.peak_flops(dtype)
 
     @property
     def bandwidth(self) -> float:
         return self._bandwidth if self._bandwidth is not None else self.accelerator.memory_bandwidth
 
+    def curve(self, key: str) -> EfficiencyCurve:
+        k: str | None = key
+        while k is not None:
+            if k in self.curves:
+                return self.curves[k]
+            k = _fallback(k)
+        raise ValueError(f"no efficiency curve for {key!r} (nor its fallbacks): the parameter file is incomplete")
+
     # -- operators ----------------------------------------------------------------------------
-    def _model(self, family: str, flops: float, nbytes: float, dtype: str) -> Prediction:
-        t = self.curves[family].time(flops, nbytes, self.peak_flops(dtype), self.bandwidth)
-        roofline = max(flops / self.peak_flops(dtype), nbytes / self.bandwidth)
+    def _model(self, key: str, flops: float, nbytes: float, dtype: str) -> Prediction:
+        peak = self.peak_flops(dtype)
+        t = self.curve(key).time(flops, nbytes, peak, self.bandwidth)
+        roofline = max(flops / peak, nbytes / self.bandwidth)
         provenance = "fitted" if self.profile is not None else "extrapolated"
         return Prediction(max(t, roofline), provenance, self.errors[provenance])
 
@@ -225,9 +246,11 @@ class CostModel:
         t, provenance = series.at(size)
         return Prediction(t, provenance, self.errors[provenance])
 
-    def predict_gemm(self, m: int, n: int, k: int, dtype: str) -> Prediction:
+    def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None) -> Prediction:
+        """name: the layer ('qkv_proj', 'lm_head', ...) when known, to use its own curve."""
         dtype = canonical_dtype(dtype)
-        return self._lookup(("gemm", n, k, dtype), m, lambda: self._model("gemm", *gemm_work(m, n, k, dtype), dtype))
+        return self._lookup(("gemm", n, k, dtype), m,
+                            lambda: self._model(curve_key("gemm", name), *gemm_work(m, n, k, dtype), dtype))
 
     def gemm(self, m: int, n: int, k: int, dtype: str) -> float:
         return self.predict_gemm(m, n, k, dtype).time_s
@@ -237,7 +260,7 @@ class CostModel:
         dtype = canonical_dtype(dtype)
         work = prefill_attention_work(q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype)
         return self._lookup(("attention_prefill", q_len, num_heads, num_kv_heads, head_dim, dtype), kv_len,
-                            lambda: self._model("attention", *work, dtype))
+                            lambda: self._model("attention_prefill", *work, dtype))
 
     def attention_prefill(self, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
                           dtype: str) -> float:
@@ -253,48 +276,63 @@ class CostModel:
         # A profile measures equal lengths; unequal ones are looked up at the batch's mean length.
         mean_len = max(1, round(sum(kv_lens) / batch))
         return self._lookup(("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype), mean_len,
-                            lambda: self._model("attention", *work, dtype))
+                            lambda: self._model("attention_decode", *work, dtype))
 
     def attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: str) -> float:
         return self.predict_attention_decode(batch, kv_len, num_heads, num_kv_heads, head_dim, dtype).time_s
 
-    def predict_elementwise(self, name: str, tokens: int, hidden: int, dtype: str) -> Prediction:
+    def predict_elementwise(self, name: str, tokens: int, width: int, dtype: str) -> Prediction:
         dtype = canonical_dtype(dtype)
-        return self._lookup(("elementwise", name, hidden, dtype), tokens,
-                            lambda: self._model("memory", *elementwise_work(tokens, hidden, dtype), dtype))
+        return self._lookup(("elementwise", name, width, dtype), tokens,
+                            lambda: self._model(curve_key("elementwise", name),
+                                                *elementwise_work(tokens, width, dtype), dtype))
 
     def predict_kv_write(self, tokens: int, num_kv_heads: int, head_dim: int, dtype: str) -> Prediction:
         dtype = canonical_dtype(dtype)
         return self._lookup(("kv_write", num_kv_heads, head_dim, dtype), tokens,
-                            lambda: self._model("memory", *kv_write_work(tokens, num_kv_heads, head_dim, dtype),
+                            lambda: self._model("kv_write", *kv_write_work(tokens, num_kv_heads, head_dim, dtype),
                                                 dtype))
+
+    def predict_sample(self, batch: int, vocab: int) -> Prediction:
+        return self._lookup(("sample", vocab), batch,
+                            lambda: self._model("sample", *elementwise_work(batch, vocab, "fp32"), "fp32"))
 
     def predict_all_reduce(self, nbytes: int, world: int) -> Prediction:
         if world <= 1:
             return Prediction(0.0, "measured", 0.0)
         link = (self.accelerator.interconnect_gbps or 64) * 1e9
 
-        def ring():  # ring all-reduce: 2 (w-1)/w of the bytes cross each link, plus a latency term
-            return Prediction(2 * (world - 1) / world * nbytes / (0.7 * link) + 10e-6 * world, "extrapolated",
-                              self.errors["extrapolated"])
+        def ring() -> Prediction:
+            # Ring all-reduce: 2 (w-1)/w of the bytes cross each link at ~70% of its peak, plus latency.
+            t = 2 * (world - 1) / world * nbytes / (0.7 * link) + 10e-6 * world
+            return Prediction(t, "extrapolated", self.errors["extrapolated"])
         return self._lookup(("all_reduce", world), nbytes, ring)
 
     def all_reduce(self, nbytes: int, world: int) -> float:
         return self.predict_all_reduce(nbytes, world).time_s
 
     def predict_step_overhead(self, batch: int) -> Prediction:
+        # Without a profile the host-side cost is unknown; it is hidden behind GPU work in a
+        # well-pipelined engine, so it counts as zero there.
         return self._lookup(("step_overhead",), batch, lambda: Prediction(0.0, "extrapolated", 0.0))
 
-    def predict_sample(self, batch: int, vocab: int) -> Prediction:
-        return self._lookup(("sample", vocab), batch,
-                            lambda: self._model("memory", *elementwise_work(batch, vocab, "fp32"), "fp32"))
+    def predict(self, op: str, **params) -> Prediction:
+        """Any operator by its profile name and keys (as in simulator/profile.py)."""
+        methods = {"gemm": self.predict_gemm, "attention_prefill": self.predict_attention_prefill,
+                   "attention_decode": self.predict_attention_decode, "elementwise": self.predict_elementwise,
+                   "kv_write": self.predict_kv_write, "sample": self.predict_sample,
+                   "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead}
+        if op not in methods:
+            raise ValueError(f"unknown operator {op!r}; known: {', '.join(methods)}")
+        return methods[op](**params)
 
     # -- a whole step -------------------------------------------------------------------------
     def step_time(self, chunks: Sequence[Chunk], model: ModelSpec, tp: int = 1, dtype: str = "bf16") -> StepCost:
         """Time of one engine step computing the given chunks: every layer's GEMMs over all tokens,
-        attention per chunk (prefill chunks one by one, decodes batched), KV writes, norms, the LM
-        head and sampling for the sampled rows, all-reduces under TP, and per-step overhead."""
+        attention per chunk (prefill chunks one by one, decodes batched), KV writes, norms, rotary,
+        activation and residual adds, the LM head and sampling for the sampled rows, all-reduces
+        under TP, and the host-side step overhead."""
         dtype = canonical_dtype(dtype)
         cost = StepCost(0.0)
         if not chunks:
@@ -305,31 +343,55 @@ class CostModel:
         shapes = model.linear_shapes(tp)
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             n, k = shapes[name]
-            m = tokens
-            count = layers
+            m, count = tokens, layers
             if model.num_experts > 1 and name in ("gate_up_proj", "down_proj"):
                 # Tokens spread over the experts they route to; every touched expert runs a GEMM.
                 touched = min(model.num_experts, tokens * model.experts_per_token)
                 m = max(1, math.ceil(tokens * model.experts_per_token / touched))
                 count = layers * touched
-            cost.add(name, self.predict_gemm(m, n, k, dtype), count)
-        decodes = [c for c in chunks if c.num_tokens == 1]
+            cost.add(name, self.predict_gemm(m, n, k, dtype, name), count)
         for c in chunks:
             if c.num_tokens > 1:
                 cost.add("attention_prefill", self.predict_attention_prefill(
                     c.num_tokens, c.context_len, heads, kv_heads, model.head_dim, dtype), layers)
+        decodes = [c.context_len for c in chunks if c.num_tokens == 1]
         if decodes:
             cost.add("attention_decode", self.predict_attention_decode(
-                len(decodes), [c.context_len for c in decodes], heads, kv_heads, model.head_dim, dtype), layers)
+                len(decodes), decodes, heads, kv_heads, model.head_dim, dtype), layers)
         cost.add("kv_write", self.predict_kv_write(tokens, kv_heads, model.head_dim, dtype), layers)
-        cost.add("norms", self.predict_elementwise("input_layernorm", tokens, model.hidden_size, dtype), 2 * layers)
+        widths = {"rms_norm": model.hidden_size, "rope": (heads + kv_heads) * model.head_dim,
+                  "swiglu": model.intermediate_size // tp, "add": model.hidden_size}
+        for name, width in widths.items():
+            per_layer = 2 if name in ("rms_norm", "add") else 1
+            cost.add(name, self.predict_elementwise(name, tokens, width, dtype), per_layer * layers)
         sampled = sum(1 for c in chunks if c.samples)
         if sampled:
             n, k = shapes["lm_head"]
-            cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype))
+            cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
             cost.add("sample", self.predict_sample(sampled, model.vocab_size))
         if tp > 1:
             nbytes = tokens * model.hidden_size * DTYPE_BYTES[dtype]
             cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), 2 * layers)
         cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
         return cost
+
+
+def _series_key(m: Measurement) -> tuple[tuple | None, int]:
+    """The shape family of a measurement and its size along the family's interpolation axis."""
+    p = dict(m.params)
+    if m.op == "gemm":
+        return ("gemm", p["n"], p["k"], canonical_dtype(p["dtype"])), p["m"]
+    if m.op in ("attention_prefill", "attention_decode"):
+        first = p["q_len"] if m.op == "attention_prefill" else p["batch"]
+        return (m.op, first, p["num_heads"], p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"])), p["kv_len"]
+    if m.op == "elementwise":
+        return ("elementwise", p["name"], p["width"], canonical_dtype(p["dtype"])), p["tokens"]
+    if m.op == "kv_write":
+        return ("kv_write", p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"])), p["tokens"]
+    if m.op == "sample":
+        return ("sample", p["vocab"]), p["batch"]
+    if m.op == "step_overhead":
+        return ("step_overhead",), p["batch"]
+    if m.op == "all_reduce":
+        return ("all_reduce", p["world"]), p["nbytes"]
+    return None, 0

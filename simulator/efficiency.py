@@ -73,9 +73,9 @@ def decode_attention_work(kv_lens: list[int], num_heads: int, num_kv_heads: int,
     return flops, float(nbytes)
 
 
-def elementwise_work(tokens: int, hidden: int, dtype: str) -> tuple[float, float]:
+def elementwise_work(tokens: int, width: int, dtype: str) -> tuple[float, float]:
     # Read once, write once (norms also read a weight vector, adds read two inputs: same order).
-    return float(tokens * hidden), 2.0 * tokens * hidden * DTYPE_BYTES[dtype]
+    return float(tokens * width), 2.0 * tokens * width * DTYPE_BYTES[dtype]
 
 
 def kv_write_work(tokens: int, num_kv_heads: int, head_dim: int, dtype: str) -> tuple[float, float]:

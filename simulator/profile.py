@@ -15,7 +15,8 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
   attention_prefill  q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype
   attention_decode   batch, kv_len (same for every sequence), num_heads, num_kv_heads, head_dim, dtype
   kv_write           tokens, num_kv_heads, head_dim, dtype
-  elementwise        name (norm, rope, act, add, ...), tokens, hidden, dtype
+  elementwise        name (rms_norm, rope, swiglu, add, ...), tokens, width (features the op
+                     reads per token: hidden for norms and adds, q+k for rope, FFN for swiglu), dtype
   sample             batch, vocab
   step_overhead      batch (host-side scheduling and input preparation per engine step)
   all_reduce         nbytes, world
@@ -42,7 +43,7 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "attention_prefill": ("q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "attention_decode": ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "kv_write": ("tokens", "num_kv_heads", "head_dim", "dtype"),
-    "elementwise": ("name", "tokens", "hidden", "dtype"),
+    "elementwise": ("name", "tokens", "width", "dtype"),
     "sample": ("batch", "vocab"),
     "step_overhead": ("batch",),
     "all_reduce": ("nbytes", "world"),

@@ -1,0 +1,297 @@
+"""Profile the engine's own operators on the device at hand (`servecast profile`).
+
+Every operator is the engine's code: packed-weight GEMMs (engine/linear.py) for each linear layer
+of the model, paged attention (engine/attention.py) for prefill chunks and decode batches, KV-cache
+writes, RMSNorm / rotary / SwiGLU / residual adds, sampling, and the host-side work of a step
+(scheduling and input preparation) by batch size. Each point: warm-up, then the median of
+repeated timed calls. Results are appended one line at a time, so an interrupted profile resumes.
+Random weights: timing does not depend on their values.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import attend, build_metadata
+from engine.config import CacheConfig, ModelConfig, SchedulerConfig
+from engine.kv_cache import KVCache
+from engine.linear import Linear
+from engine.model import RMSNorm
+from engine.rope import RotaryEmbedding, apply_rotary
+from engine.runner import TORCH_DTYPES
+from engine.sampler import sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from simulator.catalog.hardware import canonical_dtype
+from simulator.profile import Measurement, Profile
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    prefill_q: tuple[int, ...] = (16, 64, 256)
+    prefill_kv_multiples: tuple[int, ...] = (1, 2, 4)
+    decode_batch: tuple[int, ...] = (1, 4, 16, 64)
+    decode_kv: tuple[int, ...] = (64, 256, 1024)
+    block_size: int = 16
+    min_repeats: int = 7
+    min_seconds: float = 0.03
+    # Each group of points (one operator) is measured in this many interleaved passes and each
+    # point keeps the median of its pass medians, so slow drifts of a shared machine average out.
+    passes: int = 3
+
+    @classmethod
+    def quick(cls) -> "ProfileGrid":
+        """A small grid for tests: seconds, not minutes."""
+        return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
+                   decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1)
+
+
+def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
+    fn()  # warm-up (allocations, kernel selection)
+    sync()
+    times = []
+    started = time.perf_counter()
+    while len(times) < grid.min_repeats or time.perf_counter() - started < grid.min_seconds:
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+        if len(times) >= 1000:
+            break
+    return statistics.median(times)
+
+
+def fingerprint(device: torch.device, dtype: str) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return {"device_name": name, "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "dtype": canonical_dtype(dtype), "attention": "servecast paged sdpa",
+            "gemm": "onednn packed" if device.type == "cpu" else "torch F.linear"}
+
+
+def measure_peaks(device: torch.device, dtype: torch.dtype, sync) -> dict[str, float]:
+    """Best square-matmul rate and copy bandwidth of the device."""
+    best = 0.0
+    for size in (256, 512, 1024, 2048):
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+        t = median_time(lambda: torch.mm(a, b), ProfileGrid(min_repeats=5, min_seconds=0.05), sync)
+        best = max(best, 2 * size**3 / t)
+    src = torch.empty(64 * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    t = median_time(lambda: dst.copy_(src), ProfileGrid(min_repeats=5, min_seconds=0.05), sync)
+    return {"matmul_flops": best, "memory_bandwidth": 2 * src.numel() * 4 / t}
+
+
+class Profiler:
+    def __init__(self, model: ModelConfig, device: str = "cpu", dtype: str = "float32", hardware: str | None = None,
+                 grid: ProfileGrid | None = None) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.torch_dtype = TORCH_DTYPES[dtype]
+        self.dtype = canonical_dtype(dtype)
+        self.hardware = hardware or ("cuda-local" if self.device.type == "cuda" else "cpu-local")
+        self.grid = grid or ProfileGrid()
+        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+    def header(self) -> Profile:
+        return Profile(self.hardware, fingerprint(self.device, self.dtype), {}, "servecast profile")
+
+    # -- the grid -----------------------------------------------------------------------------
+    def plan(self) -> list[tuple[str, dict]]:
+        """(op, params) of every measurement, in order."""
+        c, g, d = self.model, self.grid, self.dtype
+        plan: list[tuple[str, dict]] = []
+        shapes = {"qkv_proj": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
+                  "gate_up_proj": (2 * c.intermediate_size, c.hidden_size),
+                  "down_proj": (c.hidden_size, c.intermediate_size), "lm_head": (c.vocab_size, c.hidden_size)}
+        for name, (n, k) in shapes.items():
+            for m in g.tokens:
+                plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
+        heads = dict(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)
+        for q in g.prefill_q:
+            for mult in g.prefill_kv_multiples:
+                plan.append(("attention_prefill", dict(q_len=q, kv_len=q * mult, **heads)))
+        for batch in g.decode_batch:
+            for kv in g.decode_kv:
+                plan.append(("attention_decode", dict(batch=batch, kv_len=kv, **heads)))
+        widths = {"rms_norm": c.hidden_size, "rope": c.q_size + c.kv_size, "swiglu": c.intermediate_size,
+                  "add": c.hidden_size}
+        for m in g.tokens:
+            plan.append(("kv_write", dict(tokens=m, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)))
+            for name, width in widths.items():
+                plan.append(("elementwise", dict(name=name, tokens=m, width=width, dtype=d)))
+        for batch in g.decode_batch:
+            plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
+            plan.append(("step_overhead", dict(batch=batch)))
+        return plan
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, out: str | Path, on_progress: Callable[[int, int], None] | None = None) -> Profile:
+        """Measure every point of the plan not yet in `out` (appending as it goes); return the profile."""
+        path = Path(out)
+        header = self.header()
+        if path.exists() and path.stat().st_size > 0:
+            existing = Profile.load(path)
+            if existing.hardware != header.hardware or existing.fingerprint.get("dtype") != self.dtype:
+                raise ValueError(f"{path} is a profile of {existing.hardware} ({existing.fingerprint.get('dtype')}); "
+                                 f"this run is {header.hardware} ({self.dtype}): choose another --out")
+            done = {m.key for m in existing.measurements}
+            header = existing
+        else:
+            header.peaks = measure_peaks(self.device, self.torch_dtype, self.sync)
+            header.save(path)
+            done = set()
+        plan = self.plan()
+        finished = 0
+        for group in _groups(plan):
+            todo = [(op, params) for op, params in group if Measurement.make(op, 1.0, **params).key not in done]
+            times: dict[int, list[float]] = {i: [] for i in range(len(todo))}
+            for _ in range(self.grid.passes):
+                for i, (op, params) in enumerate(todo):
+                    times[i].append(self._measure(op, params))
+            for i, (op, params) in enumerate(todo):
+                m = Measurement.make(op, statistics.median(times[i]), **params)
+                Profile.append(path, m)
+                done.add(m.key)
+            finished += len(group)
+            if on_progress is not None:
+                on_progress(finished, len(plan))
+        return Profile.load(path)
+
+    @torch.inference_mode()
+    def _measure(self, op: str, p: dict) -> float:
+        return median_time(next(self._callables(op, p)), self.grid, self.sync)
+
+    def _tensor(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=self.device, dtype=self.torch_dtype)
+
+    def _callables(self, op: str, p: dict) -> Iterator[Callable[[], object]]:
+        c = self.model
+        if op == "gemm":
+            layer = Linear(p["k"], p["n"], bias=False).to(self.device, self.torch_dtype)
+            if self.device.type == "cpu":
+                layer.pack_for_cpu()
+            x = self._tensor(p["m"], p["k"])
+            yield lambda: layer(x)
+        elif op in ("attention_prefill", "attention_decode"):
+            yield self._attention(op, p)
+        elif op == "kv_write":
+            cache, slots = self._cache_and_slots(p["tokens"])
+            k = self._tensor(p["tokens"], c.num_kv_heads, c.head_dim)
+            yield lambda: cache.write(0, slots, k, k)
+        elif op == "elementwise":
+            yield self._elementwise(p["name"], p["tokens"])
+        elif op == "sample":
+            logits = torch.randn(p["batch"], p["vocab"], device=self.device)
+            params = [SamplingParams(temperature=0.0)] * p["batch"]
+            yield lambda: sample(logits, params, [None] * p["batch"])
+        elif op == "step_overhead":
+            yield self._step_overhead(p["batch"])
+        else:
+            raise ValueError(f"cannot profile op {op!r}")
+
+    def _cache_and_slots(self, tokens: int) -> tuple[KVCache, torch.Tensor]:
+        bs = self.grid.block_size
+        blocks = -(-tokens // bs) + 1
+        cache = KVCache(_one_layer(self.model), CacheConfig(bs, blocks), self.torch_dtype, self.device)
+        return cache, torch.arange(tokens, device=self.device)
+
+    def _attention(self, op: str, p: dict) -> Callable[[], object]:
+        c, bs = self.model, self.grid.block_size
+        if op == "attention_prefill":
+            seqs = [(p["kv_len"] - p["q_len"], p["q_len"], p["kv_len"])]
+        else:
+            seqs = [(p["kv_len"] - 1, 1, p["kv_len"])] * p["batch"]
+        total_blocks = sum(-(-kv // bs) for *_, kv in seqs)
+        cache = KVCache(_one_layer(c), CacheConfig(bs, total_blocks), self.torch_dtype, self.device)
+        chunks, slots, next_block = [], [], 0
+        for start, n, kv in seqs:
+            table = list(range(next_block, next_block + -(-kv // bs)))
+            next_block += len(table)
+            chunks.append((start, n, table))
+            slots += [table[pos // bs] * bs + pos % bs for pos in range(start, start + n)]
+        meta = build_metadata(slots, chunks, bs, {None}, self.device)
+        tokens = len(slots)
+        q = self._tensor(tokens, c.num_heads, c.head_dim)
+        k = self._tensor(tokens, c.num_kv_heads, c.head_dim)
+        scale = c.head_dim ** -0.5
+        return lambda: attend(q, k, k, cache, 0, meta, None, scale)
+
+    def _elementwise(self, name: str, tokens: int) -> Callable[[], object]:
+        c = self.model
+        x = self._tensor(tokens, c.hidden_size)
+        if name == "rms_norm":
+            norm = RMSNorm(c.hidden_size, c.rms_norm_eps).to(self.device, self.torch_dtype)
+            return lambda: norm(x)
+        if name == "rope":
+            rotary = RotaryEmbedding(c.rope, c.head_dim, max(tokens, 2)).to(self.device)
+            q = self._tensor(tokens, c.num_heads, c.head_dim)
+            k = self._tensor(tokens, c.num_kv_heads, c.head_dim)
+            positions = torch.arange(tokens, device=self.device)
+            return lambda: apply_rotary(q, k, *rotary(positions, self.torch_dtype))
+        if name == "swiglu":
+            gate_up = self._tensor(tokens, 2 * c.intermediate_size)
+            return lambda: (lambda g, u: F.silu(g) * u)(*gate_up.split(c.intermediate_size, dim=-1))
+        if name == "add":
+            y = self._tensor(tokens, c.hidden_size)
+            return lambda: x + y
+        raise ValueError(f"cannot profile elementwise op {name!r}")
+
+    def _step_overhead(self, batch: int) -> Callable[[], object]:
+        """Scheduling + input preparation of one decode step of `batch` running requests (no model)."""
+        bs = self.grid.block_size
+        scheduler = Scheduler(SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 512),
+                                              max_model_len=4096),
+                              CacheConfig(bs, batch * (4096 // bs)), eos_token_ids=())
+        for i in range(batch):
+            scheduler.add(Sequence(str(i), list(range(100)), SamplingParams(max_tokens=3000, ignore_eos=True), 0.0))
+        first = scheduler.schedule()
+        scheduler.update(first, {ch.request_id: 1 for ch in first.chunks if ch.samples}, 0.0)
+        windows = {None}
+
+        def step() -> None:
+            out = scheduler.schedule()
+            chunks, slots, ids, positions = [], [], [], []
+            for ch in out.chunks:
+                seq = scheduler.requests[ch.request_id]
+                table = seq.block_table
+                pos = range(ch.start, ch.start + ch.num_tokens)
+                ids.extend(seq.token_ids[ch.start:ch.start + ch.num_tokens])
+                positions.extend(pos)
+                slots.extend(table[q // bs] * bs + q % bs for q in pos)
+                chunks.append((ch.start, ch.num_tokens, table))
+            build_metadata(slots, chunks, bs, windows, self.device)
+            torch.tensor(ids, device=self.device)
+            torch.tensor(positions, device=self.device)
+            scheduler.update(out, {ch.request_id: 1 for ch in out.chunks if ch.samples}, 0.0)
+
+        return step
+
+
+def _groups(plan: list[tuple[str, dict]]) -> Iterator[list[tuple[str, dict]]]:
+    """Consecutive points of the same operator (and layer / elementwise name)."""
+    group: list[tuple[str, dict]] = []
+    for point in plan:
+        if group and (group[0][0], group[0][1].get("name")) != (point[0], point[1].get("name")):
+            yield group
+            group = []
+        group.append(point)
+    if group:
+        yield group
+
+
+def _one_layer(model: ModelConfig) -> ModelConfig:
+    from dataclasses import replace
+
+    return replace(model, num_layers=1, sliding_windows=(None,))
