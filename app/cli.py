@@ -130,6 +130,145 @@ def print_report(rows: list[dict], summary: dict) -> None:
         f"preemptions {summary['preemptions']} | prefix-cache hits {summary['cached_prompt_tokens']} tokens")
 
 
+def _engine_model_config(model: str):
+    """An engine ModelConfig from a catalog id, a config.json path or 'demo'."""
+    from app.demo import DEMO_MODEL
+    from engine.config import ModelConfig
+    from simulator.catalog.models import MODELS_DIR
+
+    if model == "demo":
+        return ModelConfig.from_hf(DEMO_MODEL)
+    catalog = MODELS_DIR / f"{model}.json"
+    return ModelConfig.from_hf(catalog if catalog.is_file() else Path(model))
+
+
+@app.command()
+def profile(
+    model: str = typer.Option("demo", help="catalog id, HF config.json path, or 'demo' (the bundled small Llama)"),
+    out: Path = typer.Option(..., help="profile file (JSON Lines); an existing one is resumed"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("float32"),
+    max_batched_tokens: int = typer.Option(512, help="largest token count profiled for GEMMs and elementwise ops"),
+    quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
+) -> None:
+    """Time the engine's operators on this device over a grid and write (or resume) a profile."""
+    from calibrate.profile import Profiler, ProfileGrid
+    from engine.engine import resolve_device
+    from engine.config import DTYPE_BYTES
+
+    try:
+        config = _engine_model_config(model)
+        resolve_device(device)
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
+        if max_batched_tokens < 1:
+            raise ValueError("--max-batched-tokens must be positive")
+        grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens)
+        profiler = Profiler(config, device=device, dtype=dtype, grid=grid)
+        with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=as_json) as progress:
+            task = progress.add_task("profile", total=len(profiler.plan()))
+            result = profiler.run(out, on_progress=lambda done, total: progress.update(task, completed=done))
+    except ValueError as exc:
+        fail(str(exc))
+    summary = {"profile": str(out), "hardware": result.hardware, "measurements": len(result.measurements),
+               "peaks": result.peaks, "fingerprint": result.fingerprint}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        Console().print(f"{len(result.measurements)} measurements of {result.hardware} in {out} "
+                        f"(matmul peak {result.peaks['matmul_flops'] / 1e9:.1f} GFLOP/s, "
+                        f"copy bandwidth {result.peaks['memory_bandwidth'] / 1e9:.1f} GB/s)")
+
+
+@app.command()
+def predict(
+    hardware: str = typer.Option(..., help="catalog hardware id (e.g. h100-sxm) or a profiled local device"),
+    model: str = typer.Option(..., help="catalog model id or HF config.json path"),
+    tokens: int = typer.Option(512, help="prefill: one sequence of this many tokens"),
+    decode_batch: int = typer.Option(0, help="instead: this many decodes ..."),
+    context: int = typer.Option(1024, help="... each at this context length"),
+    tp: int = typer.Option(1, help="tensor-parallel degree"),
+    dtype: str = typer.Option("bf16"),
+    profile_path: Optional[Path] = typer.Option(None, "--profile", help="a profile of this hardware"),
+    hardware_file: Optional[Path] = typer.Option(None, help="extra hardware YAML"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Per-operator and per-step time of one forward pass, with where each number comes from."""
+    from simulator.catalog.models import load_model
+    from simulator.cost_model import Chunk, CostModel
+
+    try:
+        spec = load_model(model)
+        if tp < 1 or spec.num_heads % tp != 0:
+            raise ValueError(f"--tp {tp} must divide the model's {spec.num_heads} attention heads")
+        if tokens < 1 or decode_batch < 0 or context < 1:
+            raise ValueError("--tokens and --context must be positive, --decode-batch non-negative")
+        cost_model = CostModel.load(hardware, profile=profile_path, hardware_file=hardware_file)
+        chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
+        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype)
+    except ValueError as exc:
+        fail(str(exc))
+    result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype,
+              "step": {"decode_batch": decode_batch, "context": context} if decode_batch else {"prefill_tokens": tokens},
+              "step_time_s": step.total_s,
+              "operators": {name: {"time_s": t, "provenance": step.provenance[name],
+                                   "expected_error": step.expected_error[name]}
+                            for name, t in step.by_operator.items()}}
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"{spec.name} on {hardware} (tp={tp}, {dtype}): one step")
+    for column in ("operator", "time ms", "share", "provenance", "± expected"):
+        table.add_column(column, justify="right")
+    for name, op in sorted(result["operators"].items(), key=lambda kv: -kv[1]["time_s"]):
+        table.add_row(name, f"{op['time_s'] * 1e3:.3f}", f"{op['time_s'] / step.total_s:.1%}", op["provenance"],
+                      f"{op['expected_error']:.0%}")
+    Console(width=max(Console().width, 100)).print(table)
+    Console().print(f"step time: {step.total_s * 1e3:.3f} ms")
+
+
+@app.command()
+def calibrate(
+    shared: Path = typer.Option(Path("../shared"), help="the shared data folder with profiles/vidur"),
+    out: Optional[Path] = typer.Option(None, help="parameter file to write (default: the shipped one)"),
+) -> None:
+    """Refit the shipped efficiency curves on the Vidur A100 profiles; print the A40 held-out error."""
+    from calibrate.fit import PARAMS_OUT, build_params
+
+    try:
+        params = build_params(shared.resolve(), out or PARAMS_OUT)
+    except ValueError as exc:
+        fail(str(exc))
+    Console().print(f"wrote {out or PARAMS_OUT}; A40 held-out MAPE: " +
+                    ", ".join(f"{k} {v:.1%}" for k, v in params["held_out_a40_mape"].items()))
+
+
+@app.command("import-vidur")
+def import_vidur(
+    csv_path: Path = typer.Argument(..., help="a Vidur mlp.csv, all_reduce.csv or send_recv.csv"),
+    out: Path = typer.Option(..., help="servecast profile to write"),
+    hardware: Optional[str] = typer.Option(None, help="catalog id (default: from the Vidur path)"),
+) -> None:
+    """Convert a Vidur profiling CSV into a servecast profile."""
+    from calibrate.vidur import import_vidur_compute, import_vidur_network
+    from simulator.catalog.hardware import get_accelerator
+
+    try:
+        if csv_path.name == "mlp.csv":
+            result = import_vidur_compute(csv_path, hardware)
+        else:
+            if hardware is None:
+                raise ValueError("--hardware is needed for a network CSV")
+            result = import_vidur_network(csv_path, hardware)
+        get_accelerator(result.hardware)
+        result.save(out)
+    except ValueError as exc:
+        fail(str(exc))
+    Console().print(f"{len(result.measurements)} measurements of {result.hardware} written to {out}")
+
+
 def main() -> None:
     try:
         app()

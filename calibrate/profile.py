@@ -51,6 +51,14 @@ class ProfileGrid:
     passes: int = 3
 
     @classmethod
+    def for_budget(cls, max_batched_tokens: int) -> "ProfileGrid":
+        """Token counts 1 ... max_batched_tokens: powers of two and the midpoints between them."""
+        tokens = sorted({t for p in range(0, 16) for t in (2**p, 3 * 2**p // 2) if 1 <= t <= max_batched_tokens}
+                        | {max_batched_tokens})
+        q = tuple(x for x in (16, 64, 256, 1024) if x <= max_batched_tokens) or (max_batched_tokens,)
+        return cls(tokens=tuple(tokens), prefill_q=q)
+
+    @classmethod
     def quick(cls) -> "ProfileGrid":
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),

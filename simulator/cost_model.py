@@ -62,12 +62,14 @@ class Chunk:
 class StepCost:
     total_s: float
     by_operator: dict[str, float] = field(default_factory=dict)
-    provenance: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)  # the least direct source used
+    expected_error: dict[str, float] = field(default_factory=dict)  # the largest expected error
 
     def add(self, name: str, prediction: Prediction, count: float = 1.0) -> None:
         self.by_operator[name] = self.by_operator.get(name, 0.0) + prediction.time_s * count
         worst = max(self.provenance.get(name, "measured"), prediction.provenance, key=PROVENANCES.index)
         self.provenance[name] = worst
+        self.expected_error[name] = max(self.expected_error.get(name, 0.0), prediction.expected_error)
         self.total_s += prediction.time_s * count
 
 
@@ -148,7 +150,7 @@ def curve_keys_of(m: Measurement) -> list[str]:
 
 
 class CostModel:
-    def __init__(self, accelerator: Accelerator, curves: dict[str, EfficiencyCurve], errors: dict[str, float],
+    def __init__(self, accelerator: Accelerator, curves: dict[str, EfficiencyCurve], errors: dict,
                  profile: Profile | None = None, peak_flops: float | None = None,
                  bandwidth: float | None = None) -> None:
         self.accelerator = accelerator
@@ -177,6 +179,7 @@ class CostModel:
         shipped = json.loads(Path(params_file).read_text())
         curves = {k: EfficiencyCurve.from_dict(v) for k, v in shipped["curves"].items()}
         errors = dict(shipped["expected_error"])
+        errors.setdefault("by_curve", shipped.get("held_out_by_curve", {}))
         errors.setdefault("interpolated", 0.05)
         errors.setdefault("measured", 0.02)
         peak = bandwidth = None
@@ -223,13 +226,17 @@ class CostModel:
     def bandwidth(self) -> float:
         return self._bandwidth if self._bandwidth is not None else self.accelerator.memory_bandwidth
 
-    def curve(self, key: str) -> EfficiencyCurve:
+    def curve_used(self, key: str) -> str:
+        """The curve that serves an operator: its own, or the first fallback that exists."""
         k: str | None = key
         while k is not None:
             if k in self.curves:
-                return self.curves[k]
+                return k
             k = _fallback(k)
         raise ValueError(f"no efficiency curve for {key!r} (nor its fallbacks): the parameter file is incomplete")
+
+    def curve(self, key: str) -> EfficiencyCurve:
+        return self.curves[self.curve_used(key)]
 
     # -- operators ----------------------------------------------------------------------------
     def _model(self, key: str, flops: float, nbytes: float, dtype: str) -> Prediction:
@@ -237,7 +244,19 @@ class CostModel:
         t = self.curve(key).time(flops, nbytes, peak, self.bandwidth)
         roofline = max(flops / peak, nbytes / self.bandwidth)
         provenance = "fitted" if self.profile is not None else "extrapolated"
-        return Prediction(max(t, roofline), provenance, self.errors[provenance])
+        return Prediction(max(t, roofline), provenance, self.expected_error(provenance, key))
+
+    def expected_error(self, provenance: str, key: str | None = None) -> float:
+        """Relative error to expect: held-out figures per curve where the parameter file has them;
+        an operator with no validated curve of its own gets the 'unvalidated' figure."""
+        if provenance == "extrapolated" and key is not None:
+            used = self.curve_used(key)
+            same_family = used == key or (key.startswith("gemm:") and used == "gemm")
+            by_curve = self.errors.get("by_curve", {})
+            if same_family and used in by_curve:
+                return by_curve[used]
+            return self.errors.get("unvalidated", 0.5)
+        return self.errors[provenance]
 
     def _lookup(self, key: tuple, size: int, fallback) -> Prediction:
         series = self._series.get(key)
@@ -306,7 +325,7 @@ class CostModel:
         def ring() -> Prediction:
             # Ring all-reduce: 2 (w-1)/w of the bytes cross each link at ~70% of its peak, plus latency.
             t = 2 * (world - 1) / world * nbytes / (0.7 * link) + 10e-6 * world
-            return Prediction(t, "extrapolated", self.errors["extrapolated"])
+            return Prediction(t, "extrapolated", self.expected_error("extrapolated", "all_reduce"))
         return self._lookup(("all_reduce", world), nbytes, ring)
 
     def all_reduce(self, nbytes: int, world: int) -> float:
