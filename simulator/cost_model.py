@@ -98,7 +98,8 @@ class _Series:
             return self.times[-1] * size / self.sizes[-1], "interpolated"
         s0, s1, t0, t1 = self.sizes[i - 1], self.sizes[i], self.times[i - 1], self.times[i]
         w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
-        return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))), "interpolated"
+        t = math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+        return min(max(t, t0), t1), "interpolated"  # the clamp absorbs exp/log rounding
 
 
 # When an operator has no curve of its own, the next one down this chain is used.
@@ -313,9 +314,11 @@ class CostModel:
                             lambda: self._model("kv_write", *kv_write_work(tokens, num_kv_heads, head_dim, dtype),
                                                 dtype))
 
-    def predict_sample(self, batch: int, vocab: int) -> Prediction:
+    def predict_sample(self, batch: int, vocab: int, dtype: str = "bf16") -> Prediction:
+        """Sampling over float32 logits; dtype picks the compute peak (the op is bandwidth-bound)."""
         return self._lookup(("sample", vocab), batch,
-                            lambda: self._model("sample", *elementwise_work(batch, vocab, "fp32"), "fp32"))
+                            lambda: self._model("sample", *elementwise_work(batch, vocab, "fp32"),
+                                                canonical_dtype(dtype)))
 
     def predict_all_reduce(self, nbytes: int, world: int) -> Prediction:
         if world <= 1:
@@ -325,7 +328,7 @@ class CostModel:
         def ring() -> Prediction:
             # Ring all-reduce: 2 (w-1)/w of the bytes cross each link at ~70% of its peak, plus latency.
             t = 2 * (world - 1) / world * nbytes / (0.7 * link) + 10e-6 * world
-            return Prediction(t, "extrapolated", self.expected_error("extrapolated", "all_reduce"))
+            return Prediction(t, "extrapolated", self.errors.get("unvalidated", 0.5))
         return self._lookup(("all_reduce", world), nbytes, ring)
 
     def all_reduce(self, nbytes: int, world: int) -> float:
@@ -387,7 +390,7 @@ class CostModel:
         if sampled:
             n, k = shapes["lm_head"]
             cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
-            cost.add("sample", self.predict_sample(sampled, model.vocab_size))
+            cost.add("sample", self.predict_sample(sampled, model.vocab_size, dtype))
         if tp > 1:
             nbytes = tokens * model.hidden_size * DTYPE_BYTES[dtype]
             cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), 2 * layers)

@@ -62,3 +62,41 @@ def test_bad_length_rows_are_reported_by_line(tmp_path) -> None:
     path.write_text("prompt_tokens,output_tokens\n10,5\n12,x\n")
     result = runner.invoke(app, [*SMALL, "--lengths", str(path)])
     assert result.exit_code == 2 and f"{path}:3" in result.stderr
+
+
+def test_predict_json_has_per_operator_provenance() -> None:
+    result = runner.invoke(app, ["predict", "--hardware", "h100-sxm", "--model", "llama-2-7b", "--tokens", "512",
+                                 "--tp", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["step_time_s"] == pytest.approx(sum(op["time_s"] for op in out["operators"].values()))
+    assert out["operators"]["qkv_proj"]["provenance"] == "extrapolated"
+    assert "all_reduce" in out["operators"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "h100-sxm", "--model", "gpt-9"], "unknown model"),
+    (["--hardware", "warp", "--model", "llama-2-7b"], "unknown hardware"),
+    (["--hardware", "h100-sxm", "--model", "llama-2-7b", "--tp", "3"], "must divide"),
+    (["--hardware", "cpu-local", "--model", "llama-2-7b"], "pass its profile"),
+])
+def test_predict_bad_input(args, message) -> None:
+    result = runner.invoke(app, ["predict", *args])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_profile_then_predict_with_it(tmp_path) -> None:
+    out = tmp_path / "cpu.jsonl"
+    result = runner.invoke(app, ["profile", "--quick", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["measurements"] > 0
+    config = tmp_path / "config.json"
+    from app.demo import DEMO_MODEL
+
+    config.write_text(json.dumps(DEMO_MODEL))
+    result = runner.invoke(app, ["predict", "--hardware", "cpu-local", "--profile", str(out), "--model", str(config),
+                                 "--tokens", "8", "--dtype", "fp32", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["operators"]["qkv_proj"]["provenance"] in ("measured", "interpolated")
+    bad = runner.invoke(app, ["profile", "--quick", "--out", str(out), "--dtype", "bfloat16"])
+    assert bad.exit_code == 2 and "choose another --out" in bad.stderr

@@ -1,0 +1,58 @@
+"""The profiler times the engine's own operators, resumes, and feeds the cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate.profile import Profiler, ProfileGrid
+from engine.config import ModelConfig
+from simulator.cost_model import Chunk, CostModel
+from simulator.catalog.models import ModelSpec
+from simulator.profile import Profile
+
+TINY = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=512, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> tuple[Profile, str]:
+    path = tmp_path_factory.mktemp("prof") / "cpu.jsonl"
+    profiler = Profiler(ModelConfig.from_hf(TINY), grid=ProfileGrid.quick())
+    return profiler.run(path), str(path)
+
+
+def test_profile_covers_every_operator_with_a_fingerprint(tiny_profile) -> None:
+    profile, _ = tiny_profile
+    ops = {m.op for m in profile.measurements}
+    assert ops == {"gemm", "attention_prefill", "attention_decode", "kv_write", "elementwise", "sample",
+                   "step_overhead"}
+    assert {m.name for m in profile.of("gemm")} == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
+    assert profile.hardware == "cpu-local" and profile.fingerprint["torch"] and profile.fingerprint["dtype"] == "fp32"
+    assert profile.peaks["matmul_flops"] > 0 and profile.peaks["memory_bandwidth"] > 0
+    assert all(m.time_s > 0 for m in profile.measurements)
+
+
+def test_resume_measures_only_what_is_missing(tiny_profile, tmp_path) -> None:
+    profile, path = tiny_profile
+    lines = open(path).read().splitlines()
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("\n".join(lines[: len(lines) // 2]) + "\n")  # interrupted half way
+    kept = {m.key: m.time_s for m in Profile.load(partial).measurements}
+    resumed = Profiler(ModelConfig.from_hf(TINY), grid=ProfileGrid.quick()).run(partial)
+    assert len(resumed.measurements) == len(profile.measurements)
+    assert all(kept[m.key] == m.time_s for m in resumed.measurements if m.key in kept)
+    with pytest.raises(ValueError, match="choose another --out"):
+        Profiler(ModelConfig.from_hf(TINY), dtype="bfloat16", grid=ProfileGrid.quick()).run(partial)
+
+
+def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
+    profile, path = tiny_profile
+    model = CostModel.load("cpu-local", profile=path)
+    m = profile.of("gemm")[0]
+    measured = model.predict_gemm(m.get("m"), m.get("n"), m.get("k"), "fp32")
+    assert measured.provenance == "measured" and measured.time_s == pytest.approx(m.time_s)
+    spec = ModelSpec.from_hf_dict(TINY, "tiny")
+    step = model.step_time([Chunk(8, 8), Chunk(1, 32), Chunk(1, 32)], spec, dtype="fp32")
+    assert step.total_s > 0 and step.provenance["qkv_proj"] in ("measured", "interpolated")
+    other = ModelSpec.from_hf_dict({**TINY, "hidden_size": 96, "intermediate_size": 200}, "other")
+    assert model.step_time([Chunk(8, 8)], other, dtype="fp32").provenance["qkv_proj"] == "fitted"
