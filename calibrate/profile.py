@@ -88,13 +88,18 @@ def fingerprint(device: torch.device, dtype: str) -> dict:
 
 
 def measure_peaks(device: torch.device, dtype: torch.dtype, sync) -> dict[str, float]:
-    """Best square-matmul rate and copy bandwidth of the device."""
+    """Best square-matmul rate (plain and through the engine's packed linear) and copy bandwidth."""
     best = 0.0
+    timing = ProfileGrid(min_repeats=5, min_seconds=0.05)
     for size in (256, 512, 1024, 2048):
         a = torch.randn(size, size, device=device, dtype=dtype)
         b = torch.randn(size, size, device=device, dtype=dtype)
-        t = median_time(lambda: torch.mm(a, b), ProfileGrid(min_repeats=5, min_seconds=0.05), sync)
-        best = max(best, 2 * size**3 / t)
+        layer = Linear(size, size, bias=False).to(device, dtype)
+        if device.type == "cpu":
+            layer.pack_for_cpu()
+        with torch.inference_mode():
+            for fn in (lambda: torch.mm(a, b), lambda: layer(a)):
+                best = max(best, 2 * size**3 / median_time(fn, timing, sync))
     src = torch.empty(64 * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     t = median_time(lambda: dst.copy_(src), ProfileGrid(min_repeats=5, min_seconds=0.05), sync)

@@ -161,6 +161,8 @@ class CostModel:
         self._peak = peak_flops
         self._bandwidth = bandwidth
         self._series: dict[tuple, _Series] = {}
+        # All-reduce model (fitted on measured collectives, calibrate/fit.py); defaults are a guess.
+        self.collective: dict[str, float] = {"base_s": 20e-6, "per_hop_s": 2e-6, "link_efficiency": 0.5}
         if profile is not None:
             self._index(profile)
 
@@ -188,6 +190,7 @@ class CostModel:
             peak = profile.peaks.get("matmul_flops")
             bandwidth = profile.peaks.get("memory_bandwidth")
         model = cls(accelerator, curves, errors, profile, peak, bandwidth)
+        model.collective = shipped.get("all_reduce", model.collective)
         if profile is not None:
             model.fit_to(profile)
         return model
@@ -211,11 +214,17 @@ class CostModel:
                 continue
             for key in curve_keys_of(m):
                 groups[key].append((Sample(*work, m.time_s), m.get("dtype") if "dtype" in dict(m.params) else "fp32"))
-        for key, samples in groups.items():
-            if len(samples) >= min_points:
-                dtype = samples[0][1]
-                start = self.curves.get(key) or self.curves.get("gemm")
-                self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self.bandwidth, start)
+        # Families first (many points, full curve), then each operator's own levels on its family's shape.
+        families = [k for k in groups if ":" not in k]
+        for key in sorted(groups, key=lambda k: (k not in families, k)):
+            samples = groups[key]
+            if len(samples) < min_points:
+                continue
+            dtype = samples[0][1]
+            family = _fallback(key) if key not in families else None
+            shape = self.curves.get(family) if family in groups else None
+            self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self.bandwidth,
+                                         start=None if key in families else self.curves.get(key), shape_from=shape)
 
     # -- device facts -------------------------------------------------------------------------
     def peak_flops(self, dtype: str) -> float:
@@ -324,11 +333,14 @@ class CostModel:
         if world <= 1:
             return Prediction(0.0, "measured", 0.0)
         link = (self.accelerator.interconnect_gbps or 64) * 1e9
+        c = self.collective
 
         def ring() -> Prediction:
-            # Ring all-reduce: 2 (w-1)/w of the bytes cross each link at ~70% of its peak, plus latency.
-            t = 2 * (world - 1) / world * nbytes / (0.7 * link) + 10e-6 * world
-            return Prediction(t, "extrapolated", self.errors.get("unvalidated", 0.5))
+            # Ring all-reduce: 2 (w-1)/w of the bytes cross each link, plus fixed and per-hop latency.
+            t = c["base_s"] + c["per_hop_s"] * (world - 1) + 2 * (world - 1) / world * nbytes / (
+                c["link_efficiency"] * link)
+            return Prediction(t, "extrapolated", self.errors.get("by_curve", {}).get(
+                "all_reduce", self.errors.get("unvalidated", 0.5)))
         return self._lookup(("all_reduce", world), nbytes, ring)
 
     def all_reduce(self, nbytes: int, world: int) -> float:

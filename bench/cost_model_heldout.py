@@ -1,0 +1,78 @@
+"""Held-out accuracy of the cost model (issue 3). Prints figures; never passes or fails.
+
+1. GPU: efficiency curves fitted on the Vidur A100 profiles only, predicting the A40's measured
+   GEMMs of the same models: MAPE per operator.
+2. CPU: curves fitted on a profile of one tiny model (this machine), predicting a different
+   model's operators measured on the same machine: MAPE per operator, over all, time-weighted.
+3. Splitwise: Llama-2-70B prefill and decode-step times on A100 / H100 (TP 2/4/8) predicted
+   without any profile of those setups, against ../shared/reference/perf_model.csv.
+
+    python bench/cost_model_heldout.py [--shared ../shared] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from calibrate.fit import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
+from calibrate.heldout import cpu_held_out, splitwise_check
+from calibrate.profile import Profiler
+from engine.config import ModelConfig
+
+# Two small Llama-architecture models of different widths, head counts and vocabularies.
+MODEL_A = dict(model_type="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+               intermediate_size=688, vocab_size=8192, max_position_embeddings=2048)
+MODEL_B = dict(model_type="llama", hidden_size=384, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+               intermediate_size=1024, vocab_size=12000, max_position_embeddings=2048)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the CPU profiles in this folder")
+    args = parser.parse_args()
+
+    print("1. GPU held-out: fit on Vidur A100 (fp16), predict the A40 (MAPE per operator)")
+    curves = fit_gpu_curves(args.shared)
+    held = gpu_held_out(curves, args.shared)
+    for op in HELD_OUT_OPS:
+        print(f"   {op:<14} {held[op]:6.1%}")
+    print(f"   {'GEMMs (mean)':<14} {statistics.mean(held[op] for op in HELD_OUT_OPS):6.1%}   target <= 15%")
+    others = ", ".join(f"{k} {v:.0%}" for k, v in sorted(held.items()) if k not in HELD_OUT_OPS)
+    print(f"   elementwise ops (not a target): {others}")
+
+    print("\n2. CPU held-out: fit on model A's profile, predict model B's operators (this machine)")
+    folder = args.keep or Path(tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
+    profiles = {}
+    for name, config in (("A", MODEL_A), ("B", MODEL_B)):
+        path = folder / f"cpu-model-{name}.jsonl"
+        profiles[name] = Profiler(ModelConfig.from_hf(config)).run(path)
+        print(f"   profiled model {name} (hidden {config['hidden_size']}, FFN {config['intermediate_size']}, "
+              f"{config['num_attention_heads']}/{config['num_key_value_heads']} heads, vocab {config['vocab_size']}): "
+              f"{len(profiles[name].measurements)} points -> {path}")
+    result = cpu_held_out(profiles["A"], profiles["B"])
+    for label, r in result.items():
+        print(f"   {label:<24} MAPE {r['mape']:6.1%}   n={r['n']:<4} share of B's time {r['time_share']:6.1%}")
+    print("   target <= 10%")
+
+    print("\n3. Splitwise Llama-2-70B (perf_model.csv): predicted / measured, median and MAPE per setup")
+    rows = splitwise_check(args.shared / "reference" / "perf_model.csv")
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["hardware"], r["tp"])].append(r)
+    print(f"   {'setup':<16} {'prefill ratio':>14} {'prefill MAPE':>13} {'decode ratio':>13} {'decode MAPE':>12}")
+    for (hw, tp), rs in groups.items():
+        pr = [r["prefill_predicted_s"] / r["prefill_measured_s"] for r in rs]
+        dr = [r["decode_predicted_s"] / r["decode_measured_s"] for r in rs]
+        print(f"   {hw + ' tp' + str(tp):<16} {statistics.median(pr):14.2f} "
+              f"{statistics.mean(abs(x - 1) for x in pr):13.1%} {statistics.median(dr):13.2f} "
+              f"{statistics.mean(abs(x - 1) for x in dr):12.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Held-out checks of the cost model (printed by bench/cost_model_heldout.py). No timing asserts here.
+
+* GPU: curves fitted on the Vidur A100 profiles predict the A40's measured GEMMs.
+* CPU: curves fitted on a profile of one tiny model predict another model's operators, measured
+  on the same CPU.
+* Splitwise: step times predicted for Llama-2-70B on A100 / H100 against the measured prefill and
+  decode times in ../shared/reference/perf_model.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from simulator.cost_model import Chunk, CostModel
+from simulator.catalog.models import load_model
+from simulator.profile import Measurement, Profile
+
+
+def operator_label(m: Measurement) -> str:
+    if m.op == "gemm":
+        return f"gemm:{m.name}"
+    if m.op == "elementwise":
+        return f"elementwise:{m.get('name')}"
+    return m.op
+
+
+def predict_measurement(model: CostModel, m: Measurement) -> float:
+    p = dict(m.params)
+    if m.op == "gemm":
+        return model.predict_gemm(p["m"], p["n"], p["k"], p["dtype"], m.name).time_s
+    return model.predict(m.op, **p).time_s
+
+
+def cpu_held_out(fit_on: Profile, held_out: Profile) -> dict[str, dict[str, float]]:
+    """Per operator: MAPE, count, and share of the held-out profile's time."""
+    model = CostModel.load(fit_on.hardware, profile=fit_on)
+    model._series = {}  # predict every held-out point from the fitted curves, not from fit_on's points
+    errors: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for m in held_out.measurements:
+        if m.op == "step_overhead":
+            continue
+        errors[operator_label(m)].append((predict_measurement(model, m), m.time_s))
+    total = sum(t for v in errors.values() for _, t in v)
+    out = {label: {"mape": float(np.mean([abs(p - t) / t for p, t in v])), "n": len(v),
+                   "time_share": sum(t for _, t in v) / total} for label, v in errors.items()}
+    every = [abs(p - t) / t for v in errors.values() for p, t in v]
+    weighted = sum(abs(p - t) for v in errors.values() for p, t in v) / total
+    out["all operators"] = {"mape": float(np.mean(every)), "n": len(every), "time_share": 1.0}
+    out["time-weighted"] = {"mape": float(weighted), "n": len(every), "time_share": 1.0}
+    return out
+
+
+def splitwise_check(perf_model_csv: Path, progress: Callable[[], None] | None = None) -> list[dict]:
+    """Predicted vs measured Llama-2-70B prefill (whole prompt) and decode-step times."""
+    hardware_ids = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-sxm"}
+    groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    with perf_model_csv.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["model"] != "llama2-70b" or row["hardware"] not in hardware_ids:
+                continue
+            groups[(row["hardware"], int(row["tensor_parallel"]), int(row["prompt_size"]), int(row["batch_size"]),
+                    int(row["token_size"]))].append((float(row["prompt_time"]), float(row["token_time"])))
+    spec = load_model("llama-2-70b")
+    models = {h: CostModel.load(hardware_ids[h]) for h in hardware_ids}
+    rows = []
+    for (hw, tp, prompt, batch, out_tokens), values in sorted(groups.items()):
+        measured_prefill = statistics.median(v[0] for v in values) / 1e3
+        measured_decode = statistics.median(v[1] for v in values) / 1e3
+        model = models[hw]
+        # Prompts of a batch are prefilled together; decode steps run at the mean context.
+        prefill = model.step_time([Chunk(prompt, prompt)] * batch, spec, tp=tp, dtype="fp16").total_s
+        decode = model.step_time([Chunk(1, prompt + out_tokens // 2)] * batch, spec, tp=tp, dtype="fp16").total_s
+        rows.append({"hardware": hw, "tp": tp, "prompt": prompt, "batch": batch, "output": out_tokens,
+                     "prefill_measured_s": measured_prefill, "prefill_predicted_s": prefill,
+                     "decode_measured_s": measured_decode, "decode_predicted_s": decode})
+        if progress:
+            progress()
+    return rows
