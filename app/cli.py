@@ -247,17 +247,19 @@ def calibrate(
 
 @app.command("import-vidur")
 def import_vidur(
-    csv_path: Path = typer.Argument(..., help="a Vidur mlp.csv, all_reduce.csv or send_recv.csv"),
+    csv_path: Path = typer.Argument(..., help="a Vidur mlp.csv, attention.csv, all_reduce.csv or send_recv.csv"),
     out: Path = typer.Option(..., help="servecast profile to write"),
     hardware: Optional[str] = typer.Option(None, help="catalog id (default: from the Vidur path)"),
 ) -> None:
     """Convert a Vidur profiling CSV into a servecast profile."""
-    from calibrate.vidur import import_vidur_compute, import_vidur_network
+    from calibrate.vidur import import_vidur_attention, import_vidur_compute, import_vidur_network
     from simulator.catalog.hardware import get_accelerator
 
     try:
         if csv_path.name == "mlp.csv":
             result = import_vidur_compute(csv_path, hardware)
+        elif csv_path.name == "attention.csv":
+            result = import_vidur_attention(csv_path, hardware)
         else:
             if hardware is None:
                 raise ValueError("--hardware is needed for a network CSV")

@@ -80,8 +80,18 @@ def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], 
     return statistics.median(times)
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def fingerprint(device: torch.device, dtype: str) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {"device_name": name, "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "dtype": canonical_dtype(dtype), "attention": "servecast paged sdpa",
             "gemm": "onednn packed" if device.type == "cpu" else "torch F.linear"}

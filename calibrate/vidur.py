@@ -114,6 +114,65 @@ def import_vidur_compute(mlp_csv: str | Path, hardware: str | None = None, model
     return profile
 
 
+ATTENTION_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size",
+                     "prefill_chunk_size", "kv_cache_size", "is_prefill")
+
+
+def import_vidur_attention(attention_csv: str | Path, hardware: str | None = None) -> Profile:
+    """A profile from a Vidur attention.csv: prefill rows (one sequence, a chunk of
+    prefill_chunk_size on top of kv_cache_size cached tokens) and decode rows (batch_size
+    sequences at kv_cache_size), plus the KV-cache save of each row."""
+    path = Path(attention_csv)
+    if not path.is_file():
+        raise ValueError(f"no Vidur attention profile at {path}")
+    if hardware is None:
+        sku = path.parts[-4] if len(path.parts) >= 4 else ""
+        if sku not in SKU_TO_HARDWARE:
+            raise ValueError(f"{path}: cannot tell the device from the path (sku {sku!r}): pass hardware=")
+        hardware = SKU_TO_HARDWARE[sku]
+    profile = Profile(hardware, {"device_name": hardware, "dtype": "fp16", "attention": "vidur attention.csv"}, {},
+                      f"vidur import of {path.name}")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ATTENTION_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: not a Vidur attention.csv, missing columns {', '.join(missing)}")
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            try:
+                shape = {c: int(float(row[c])) for c in ATTENTION_COLUMNS if c != "is_prefill"}
+            except ValueError:
+                raise ValueError(f"{where}: shape columns must be numbers") from None
+            tp = shape["num_tensor_parallel_workers"]
+            heads = dict(num_heads=shape["n_q_head"] // tp, num_kv_heads=max(shape["n_kv_head"] // tp, 1),
+                         head_dim=shape["n_embd"] // shape["n_q_head"], dtype="fp16")
+            prefill = row["is_prefill"].strip().lower() == "true"
+            chunk, cached, batch = shape["prefill_chunk_size"], shape["kv_cache_size"], shape["batch_size"]
+
+            def median(op: str) -> float | None:
+                value = row.get(f"time_stats.{op}.median")
+                if value in (None, ""):
+                    return None
+                t = float(value)
+                if not math.isfinite(t) or t <= 0:
+                    raise ValueError(f"{where}: {op} time must be positive, got {value!r}")
+                return t / 1e3
+
+            if prefill and (t := median("attn_prefill")) is not None:
+                profile.measurements.append(Measurement.make("attention_prefill", t, q_len=chunk,
+                                                             kv_len=cached + chunk, **heads))
+            if not prefill and (t := median("attn_decode")) is not None:
+                profile.measurements.append(Measurement.make("attention_decode", t, batch=batch,
+                                                             kv_len=cached + 1, **heads))
+            if (t := median("attn_kv_cache_save")) is not None:
+                profile.measurements.append(Measurement.make(
+                    "kv_write", t, tokens=chunk if prefill else batch, num_kv_heads=heads["num_kv_heads"],
+                    head_dim=heads["head_dim"], dtype="fp16"))
+    if not profile.measurements:
+        raise ValueError(f"{path} holds no attention rows")
+    return profile
+
+
 def import_vidur_network(csv_path: str | Path, hardware: str) -> Profile:
     """A profile of collectives from Vidur's all_reduce.csv or send_recv.csv."""
     path = Path(csv_path)

@@ -43,3 +43,27 @@ def test_bad_vidur_files(tmp_path) -> None:
         import_vidur_compute(bad / "mlp.csv")
     with pytest.raises(ValueError, match="no Vidur profile"):
         import_vidur_compute(tmp_path / "missing.csv")
+
+
+def test_attention_csv_import(tmp_path) -> None:
+    from calibrate.vidur import import_vidur_attention
+
+    stats = ",".join(f"time_stats.{op}.{s}" for op in ("attn_prefill", "attn_decode", "attn_kv_cache_save")
+                     for s in ("min", "max", "mean", "median", "std"))
+    header = stats + ",n_embd,n_q_head,n_kv_head,block_size,num_tensor_parallel_workers,max_model_len,batch_size," \
+                     "prefill_chunk_size,kv_cache_size,is_prefill,attention_backend"
+    prefill = ",".join(["0.5"] * 5 + [""] * 5 + ["0.01"] * 5) + ",4096,32,8,16,2,4096,1,512,1024,True,FLASHINFER"
+    decode = ",".join([""] * 5 + ["0.2"] * 5 + ["0.01"] * 5) + ",4096,32,8,16,2,4096,16,0,2047,False,FLASHINFER"
+    path = tmp_path / "attention.csv"
+    path.write_text(f"{header}\n{prefill}\n{decode}\n")
+    profile = import_vidur_attention(path, hardware="a100-80gb")
+    (p,) = profile.of("attention_prefill")
+    (d,) = profile.of("attention_decode")
+    assert dict(p.params) == dict(q_len=512, kv_len=1536, num_heads=16, num_kv_heads=4, head_dim=128, dtype="fp16")
+    assert p.time_s == pytest.approx(0.5e-3) and d.get("batch") == 16 and d.get("kv_len") == 2048
+    assert len(profile.of("kv_write")) == 2
+    bad = tmp_path / "bad" / "attention.csv"
+    bad.parent.mkdir()
+    bad.write_text(header.replace("kv_cache_size", "kv") + "\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        import_vidur_attention(bad, hardware="a100-80gb")
