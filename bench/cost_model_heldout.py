@@ -33,7 +33,8 @@ MODEL_B = dict(model_type="llama", hidden_size=384, num_hidden_layers=4, num_att
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
-    parser.add_argument("--keep", type=Path, default=None, help="keep the CPU profiles in this folder")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the CPU profiles in this folder (profiles already there are reused)")
     args = parser.parse_args()
 
     print("1. GPU held-out: fit on Vidur A100 (fp16), predict the A40 (MAPE per operator)")
@@ -50,7 +51,7 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     profiles = {}
     for name, config in (("A", MODEL_A), ("B", MODEL_B)):
-        path = folder / f"cpu-model-{name}.jsonl"
+        path = folder / f"cpu-local-heldout-model-{name.lower()}.jsonl"  # an existing file is resumed
         profiles[name] = Profiler(ModelConfig.from_hf(config)).run(path)
         print(f"   profiled model {name} (hidden {config['hidden_size']}, FFN {config['intermediate_size']}, "
               f"{config['num_attention_heads']}/{config['num_key_value_heads']} heads, vocab {config['vocab_size']}): "

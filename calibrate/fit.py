@@ -22,8 +22,10 @@ from simulator.profile import Measurement
 # Plateaus may exceed 1: a device's measured peaks (a square matmul, a large copy) are not hard
 # limits for every shape (cache-resident weights read faster than a DRAM copy). The cost model
 # still never predicts below the roofline of the peaks it was given.
+# Saturation exponents stay <= 1: above 1 a smaller problem would be predicted slower than a
+# larger one (time ~ t^(1 - a) near zero), and predictions must grow with size.
 LOWER = [0.0, 0.01, math.log(1e-9), 0.2, 0.01, math.log(1e-9), 0.2]
-UPPER = [5e-3, 2.0, math.log(1.0), 4.0, 2.0, math.log(1.0), 4.0]
+UPPER = [5e-3, 2.0, math.log(1.0), 1.0, 2.0, math.log(1.0), 1.0]
 
 
 @dataclass(frozen=True)

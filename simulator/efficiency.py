@@ -74,8 +74,9 @@ def decode_attention_work(kv_lens: list[int], num_heads: int, num_kv_heads: int,
 
 
 def elementwise_work(tokens: int, width: int, dtype: str) -> tuple[float, float]:
-    # Read once, write once (norms also read a weight vector, adds read two inputs: same order).
-    return float(tokens * width), 2.0 * tokens * width * DTYPE_BYTES[dtype]
+    # Streaming ops: read once, write once (norms also read a weight vector, adds read two
+    # inputs: same order). Their arithmetic never limits them, so it is not counted.
+    return 0.0, 2.0 * tokens * width * DTYPE_BYTES[dtype]
 
 
 def kv_write_work(tokens: int, num_kv_heads: int, head_dim: int, dtype: str) -> tuple[float, float]:
