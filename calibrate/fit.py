@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,7 @@ class Sample:
 LEVELS = (0, 1, 4)  # the overhead and the two plateaus
 
 
-def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float,
+def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | Callable[[float], float],
               start: EfficiencyCurve | None = None, shape_from: EfficiencyCurve | None = None) -> EfficiencyCurve:
     """Least squares on log time. With shape_from, only the overhead and the two efficiency
     plateaus are fitted and the saturation shape is taken from that (family) curve: a few points of
@@ -50,6 +50,8 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float,
         return _fit_levels(samples, peak_flops, bandwidth, shape_from)
     flops = np.array([s.flops for s in samples])
     nbytes = np.array([s.nbytes for s in samples])
+    # Bandwidth may depend on the working set (caches): one value per sample.
+    bandwidth = np.array([bandwidth(b) if callable(bandwidth) else bandwidth for b in nbytes])
     log_t = np.log([s.time_s for s in samples])
 
     def residuals(v):
@@ -72,7 +74,7 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float,
     return EfficiencyCurve.from_vector(best.x)
 
 
-def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float,
+def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float | Callable[[float], float],
                 shape: EfficiencyCurve) -> EfficiencyCurve:
     base = np.array(shape.vector())
     measured = [s.time_s for s in samples]
@@ -81,7 +83,8 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float,
         v = base.copy()
         v[list(LEVELS)] = levels
         curve = EfficiencyCurve.from_vector(v)
-        return np.log([curve.time(s.flops, s.nbytes, peak_flops, bandwidth) for s in samples]) - np.log(measured)
+        return np.log([curve.time(s.flops, s.nbytes, peak_flops, bandwidth(s.nbytes) if callable(bandwidth)
+                                   else bandwidth) for s in samples]) - np.log(measured)
 
     lower = [LOWER[i] for i in LEVELS]
     upper = [UPPER[i] for i in LEVELS]

@@ -116,6 +116,17 @@ def measure_peaks(device: torch.device, dtype: torch.dtype, sync) -> dict[str, f
     return {"matmul_flops": best, "memory_bandwidth": 2 * src.numel() * 4 / t}
 
 
+def measure_bandwidth_by_size(device: torch.device, sync) -> list[tuple[int, float]]:
+    """Read bandwidth over working sets from 256 KiB to 256 MiB (caches, then DRAM)."""
+    timing = ProfileGrid(min_repeats=5, min_seconds=0.05)
+    curve = []
+    for shift in range(18, 29, 1):
+        nbytes = 2**shift
+        x = torch.randn(nbytes // 4, device=device)
+        curve.append((nbytes, nbytes / median_time(lambda: x.sum(), timing, sync)))
+    return curve
+
+
 class Profiler:
     def __init__(self, model: ModelConfig, device: str = "cpu", dtype: str = "float32", hardware: str | None = None,
                  grid: ProfileGrid | None = None) -> None:
@@ -173,6 +184,7 @@ class Profiler:
             header = existing
         else:
             header.peaks = measure_peaks(self.device, self.torch_dtype, self.sync)
+            header.bandwidth_by_size = measure_bandwidth_by_size(self.device, self.sync)
             header.save(path)
             done = set()
         plan = self.plan()

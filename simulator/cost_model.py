@@ -161,6 +161,12 @@ class CostModel:
         self._peak = peak_flops
         self._bandwidth = bandwidth
         self._series: dict[tuple, _Series] = {}
+        # A smaller working set is never slower to read: the measured curve's running maximum from
+        # the large end (small reads are timed with call overhead that belongs to t0, not to bandwidth).
+        self._bandwidth_envelope: list[tuple[int, float]] = []
+        for size, bw in reversed(profile.bandwidth_by_size if profile is not None else []):
+            best = max(bw, self._bandwidth_envelope[0][1]) if self._bandwidth_envelope else bw
+            self._bandwidth_envelope.insert(0, (size, best))
         # All-reduce model (fitted on measured collectives, calibrate/fit.py); defaults are a guess.
         self.collective: dict[str, float] = {"base_s": 20e-6, "per_hop_s": 2e-6, "link_efficiency": 0.5}
         if profile is not None:
@@ -236,6 +242,30 @@ class CostModel:
     def bandwidth(self) -> float:
         return self._bandwidth if self._bandwidth is not None else self.accelerator.memory_bandwidth
 
+    def _bandwidth_for(self, key: str):
+        """GEMMs stream their weights, whose size decides whether they are read from cache or
+        DRAM: they see the size-dependent bandwidth. Attention and streaming ops at step sizes are
+        dominated by per-call costs that the curves' overhead term carries: the single bandwidth."""
+        if key.startswith("gemm"):
+            return self.bandwidth_at
+        return lambda nbytes: self.bandwidth
+
+    def bandwidth_at(self, nbytes: float) -> float:
+        """Bandwidth for a working set of nbytes: from the profile's measured curve where it has
+        one (log-log interpolation, flat beyond its ends), else the single peak bandwidth."""
+        curve = self._bandwidth_envelope
+        if not curve:
+            return self.bandwidth
+        sizes = [c[0] for c in curve]
+        i = bisect.bisect_left(sizes, nbytes)
+        if i == 0:
+            return curve[0][1]
+        if i == len(curve):
+            return curve[-1][1]
+        (s0, b0), (s1, b1) = curve[i - 1], curve[i]
+        w = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+        return math.exp(math.log(b0) + w * (math.log(b1) - math.log(b0)))
+
     def curve_used(self, key: str) -> str:
         """The curve that serves an operator: its own, or the first fallback that exists."""
         k: str | None = key
@@ -251,8 +281,9 @@ class CostModel:
     # -- operators ----------------------------------------------------------------------------
     def _model(self, key: str, flops: float, nbytes: float, dtype: str) -> Prediction:
         peak = self.peak_flops(dtype)
-        t = self.curve(key).time(flops, nbytes, peak, self.bandwidth)
-        roofline = max(flops / peak, nbytes / self.bandwidth)
+        bandwidth = self._bandwidth_for(key)(nbytes)
+        t = self.curve(key).time(flops, nbytes, peak, bandwidth)
+        roofline = max(flops / peak, nbytes / bandwidth)
         provenance = "fitted" if self.profile is not None else "extrapolated"
         return Prediction(max(t, roofline), provenance, self.expected_error(provenance, key))
 

@@ -5,7 +5,8 @@ A profile is a JSON Lines file. Line 1 is the header; every further line is one 
     {"format": "servecast-profile", "version": 1, "hardware": "cpu-local",
      "fingerprint": {"device_name": ..., "torch": ..., "threads": ..., "dtype": ..., "attention": ...,
                      "gemm": ...},
-     "peaks": {"matmul_flops": 2.1e11, "memory_bandwidth": 2.7e10}, "source": "servecast profile"}
+     "peaks": {"matmul_flops": 2.1e11, "memory_bandwidth": 2.7e10},
+     "bandwidth_by_size": [[262144, 4.4e10], ..., [134217728, 5.1e10]], "source": "servecast profile"}
     {"op": "gemm", "name": "qkv_proj", "m": 64, "n": 1024, "k": 512, "dtype": "fp32", "time_s": 0.00031}
     {"op": "attention_decode", "batch": 16, "kv_len": 512, "num_heads": 8, "num_kv_heads": 4,
      "head_dim": 64, "dtype": "fp32", "time_s": 0.0004}
@@ -23,6 +24,8 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
   send_recv          nbytes
 
 `peaks` are the device's measured best matmul rate (FLOP/s) and copy bandwidth (bytes/s);
+`bandwidth_by_size` (optional) is the read bandwidth measured over working sets of several sizes
+(bytes, bytes/s): on CPUs a working set that stays in cache reads several times faster than DRAM;
 `hardware` names a catalog entry. Appending one line per finished measurement makes a profile
 resumable: a rerun skips every measurement already in the file.
 """
@@ -114,10 +117,14 @@ class Profile:
     peaks: dict[str, float]
     source: str
     measurements: list[Measurement] = field(default_factory=list)
+    bandwidth_by_size: list[tuple[int, float]] = field(default_factory=list)
 
     def header(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "hardware": self.hardware, "fingerprint": self.fingerprint,
-                "peaks": self.peaks, "source": self.source}
+        header = {"format": FORMAT, "version": VERSION, "hardware": self.hardware, "fingerprint": self.fingerprint,
+                  "peaks": self.peaks, "source": self.source}
+        if self.bandwidth_by_size:
+            header["bandwidth_by_size"] = [list(p) for p in self.bandwidth_by_size]
+        return header
 
     def of(self, op: str) -> list[Measurement]:
         return [m for m in self.measurements if m.op == op]
@@ -157,7 +164,14 @@ class Profile:
         for key, value in peaks.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{path}:1: peak {key} must be a positive number, got {value!r}")
-        profile = cls(hardware, header.get("fingerprint") or {}, dict(peaks), header.get("source", ""))
+        curve = []
+        for point in header.get("bandwidth_by_size") or []:
+            if (not isinstance(point, list) or len(point) != 2
+                    or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in point)):
+                raise ValueError(f"{path}:1: bandwidth_by_size entries must be [bytes, bytes_per_s] > 0, got {point!r}")
+            curve.append((int(point[0]), float(point[1])))
+        profile = cls(hardware, header.get("fingerprint") or {}, dict(peaks), header.get("source", ""),
+                      bandwidth_by_size=sorted(curve))
         for number, line in enumerate(lines[1:], start=2):
             if not line.strip():
                 continue
