@@ -41,6 +41,14 @@ SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size
 STATS = ("min", "max", "mean", "median", "std")
 
 
+def _hardware_from_path(path: Path) -> str:
+    """Vidur keeps profiles under .../compute/<sku>/<org>/<model>/<file>.csv."""
+    sku = path.parts[-4] if len(path.parts) >= 4 else ""
+    if sku not in SKU_TO_HARDWARE:
+        raise ValueError(f"{path}: cannot tell the device from the path (sku {sku!r}): pass hardware=")
+    return SKU_TO_HARDWARE[sku]
+
+
 def _gemm_shape(op: str, row: dict) -> tuple[int, int]:
     """(n, k) of a Vidur GEMM on one tensor-parallel shard."""
     tp = row["num_tensor_parallel_workers"]
@@ -88,11 +96,7 @@ def import_vidur_compute(mlp_csv: str | Path, hardware: str | None = None, model
     path = Path(mlp_csv)
     if not path.is_file():
         raise ValueError(f"no Vidur profile at {path}")
-    if hardware is None:
-        sku = path.parts[-4] if len(path.parts) >= 4 else ""
-        if sku not in SKU_TO_HARDWARE:
-            raise ValueError(f"{path}: cannot tell the device from the path (sku {sku!r}): pass hardware=")
-        hardware = SKU_TO_HARDWARE[sku]
+    hardware = hardware or _hardware_from_path(path)
     model = model or "/".join(path.parts[-3:-1])
     profile = Profile(hardware, {"device_name": hardware, "dtype": "fp16", "attention": "n/a (mlp.csv)",
                                  "gemm": "vidur (torch fp16)"}, {}, f"vidur import of {path.name} ({model})")
@@ -125,11 +129,7 @@ def import_vidur_attention(attention_csv: str | Path, hardware: str | None = Non
     path = Path(attention_csv)
     if not path.is_file():
         raise ValueError(f"no Vidur attention profile at {path}")
-    if hardware is None:
-        sku = path.parts[-4] if len(path.parts) >= 4 else ""
-        if sku not in SKU_TO_HARDWARE:
-            raise ValueError(f"{path}: cannot tell the device from the path (sku {sku!r}): pass hardware=")
-        hardware = SKU_TO_HARDWARE[sku]
+    hardware = hardware or _hardware_from_path(path)
     profile = Profile(hardware, {"device_name": hardware, "dtype": "fp16", "attention": "vidur attention.csv"}, {},
                       f"vidur import of {path.name}")
     with path.open(newline="") as f:
