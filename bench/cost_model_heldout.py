@@ -20,7 +20,7 @@ from pathlib import Path
 
 from calibrate.fit import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
 from calibrate.heldout import cpu_held_out, splitwise_check
-from calibrate.profile import Profiler
+from calibrate.profile import Profiler, profile_side_by_side
 from engine.config import ModelConfig
 
 # Two small Llama-architecture models of different widths, head counts and vocabularies.
@@ -49,13 +49,15 @@ def main() -> None:
     print("\n2. CPU held-out: fit on model A's profile, predict model B's operators (this machine)")
     folder = args.keep or Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
-    profiles = {}
-    for name, config in (("A", MODEL_A), ("B", MODEL_B)):
-        path = folder / f"cpu-local-heldout-model-{name.lower()}.jsonl"  # an existing file is resumed
-        profiles[name] = Profiler(ModelConfig.from_hf(config)).run(path)
+    models = {"A": MODEL_A, "B": MODEL_B}
+    paths = {name: folder / f"cpu-local-heldout-model-{name.lower()}.jsonl" for name in models}  # resumed if there
+    # Side by side (alternating operator groups): the machine's drifts hit both profiles alike.
+    done = profile_side_by_side([(Profiler(ModelConfig.from_hf(models[n])), paths[n]) for n in models])
+    profiles = dict(zip(models, done))
+    for name, config in models.items():
         print(f"   profiled model {name} (hidden {config['hidden_size']}, FFN {config['intermediate_size']}, "
               f"{config['num_attention_heads']}/{config['num_key_value_heads']} heads, vocab {config['vocab_size']}): "
-              f"{len(profiles[name].measurements)} points -> {path}")
+              f"{len(profiles[name].measurements)} points -> {paths[name]}")
     result = cpu_held_out(profiles["A"], profiles["B"])
     for label, r in result.items():
         print(f"   {label:<24} MAPE {r['mape']:6.1%}   n={r['n']:<4} share of B's time {r['time_share']:6.1%}")

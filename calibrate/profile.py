@@ -173,6 +173,13 @@ class Profiler:
     # -- running ------------------------------------------------------------------------------
     def run(self, out: str | Path, on_progress: Callable[[int, int], None] | None = None) -> Profile:
         """Measure every point of the plan not yet in `out` (appending as it goes); return the profile."""
+        for finished, total in self.steps(out):
+            if on_progress is not None:
+                on_progress(finished, total)
+        return Profile.load(out)
+
+    def steps(self, out: str | Path) -> Iterator[tuple[int, int]]:
+        """Like run(), one operator group at a time: yields (points finished, points planned)."""
         path = Path(out)
         header = self.header()
         if path.exists() and path.stat().st_size > 0:
@@ -181,7 +188,6 @@ class Profiler:
                 raise ValueError(f"{path} is a profile of {existing.hardware} ({existing.fingerprint.get('dtype')}); "
                                  f"this run is {header.hardware} ({self.dtype}): choose another --out")
             done = {m.key for m in existing.measurements}
-            header = existing
         else:
             header.peaks = measure_peaks(self.device, self.torch_dtype, self.sync)
             header.bandwidth_by_size = measure_bandwidth_by_size(self.device, self.sync)
@@ -200,9 +206,8 @@ class Profiler:
                 Profile.append(path, m)
                 done.add(m.key)
             finished += len(group)
-            if on_progress is not None:
-                on_progress(finished, len(plan))
-        return Profile.load(path)
+            yield finished, len(plan)
+
 
     @torch.inference_mode()
     def _measure(self, op: str, p: dict) -> float:
@@ -330,3 +335,12 @@ def _one_layer(model: ModelConfig) -> ModelConfig:
     from dataclasses import replace
 
     return replace(model, num_layers=1, sliding_windows=(None,))
+
+
+def profile_side_by_side(jobs: list[tuple["Profiler", Path]]) -> list[Profile]:
+    """Profile several models in alternation, one operator group of each in turn, so that a
+    shared machine's slow and fast spells fall on all of them alike (for comparisons between them)."""
+    runs = [profiler.steps(path) for profiler, path in jobs]
+    while runs:
+        runs = [r for r in runs if next(r, None) is not None]
+    return [Profile.load(path) for _, path in jobs]
