@@ -22,10 +22,8 @@ from simulator.profile import Measurement
 # Plateaus may exceed 1: a device's measured peaks (a square matmul, a large copy) are not hard
 # limits for every shape (cache-resident weights read faster than a DRAM copy). The cost model
 # still never predicts below the roofline of the peaks it was given.
-# Saturation exponents stay <= 1: above 1 a smaller problem would be predicted slower than a
-# larger one (time ~ t^(1 - a) near zero), and predictions must grow with size.
-LOWER = [0.0, 0.01, math.log(1e-9), 0.2, 0.01, math.log(1e-9), 0.2]
-UPPER = [5e-3, 2.0, math.log(1.0), 1.0, 2.0, math.log(1.0), 1.0]
+LOWER = [0.0, 0.01, math.log(1e-9), 0.5, 0.01, math.log(1e-9), 0.5]
+UPPER = [5e-3, 2.0, math.log(1.0), 8.0, 2.0, math.log(1.0), 8.0]
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class Sample:
     time_s: float
 
 
-# Indices in EfficiencyCurve.vector(): t0, ec_max, log_sc, ac, em_max, log_sm, am.
+# Indices in EfficiencyCurve.vector(): t0, ec_max, log_fc, pc, em_max, log_fm, pm.
 LEVELS = (0, 1, 4)  # the overhead and the two plateaus
 
 
@@ -55,17 +53,15 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | C
     log_t = np.log([s.time_s for s in samples])
 
     def residuals(v):
-        t0, ec, lsc, ac, em, lsm, am = v
-        tc, tm = flops / peak_flops, nbytes / bandwidth
-        with np.errstate(divide="ignore", over="ignore"):
-            compute = np.where(tc > 0, tc * (1 + (np.exp(lsc) / np.maximum(tc, 1e-30)) ** ac) / ec, 0.0)
-            memory = np.where(tm > 0, tm * (1 + (np.exp(lsm) / np.maximum(tm, 1e-30)) ** am) / em, 0.0)
+        t0, ec, lfc, pc, em, lfm, pm = v
+        compute = np.where(flops > 0, _soft_floor(flops / peak_flops / ec, np.exp(lfc), pc), 0.0)
+        memory = np.where(nbytes > 0, _soft_floor(nbytes / bandwidth / em, np.exp(lfm), pm), 0.0)
         return np.log(t0 + np.maximum(compute, memory) + 1e-30) - log_t
 
     best = None
     starts = [start.vector()] if start else []
-    starts += [EfficiencyCurve(t0=t0, log_sc=math.log(sc), log_sm=math.log(sc)).vector()
-               for t0 in (1e-6, 2e-5) for sc in (1e-6, 1e-5, 1e-4)]
+    starts += [EfficiencyCurve(t0=t0, log_fc=math.log(floor), log_fm=math.log(floor), pc=p, pm=p).vector()
+               for t0 in (1e-6, 2e-5) for floor in (1e-6, 1e-5, 1e-4) for p in (1.0, 3.0)]
     for x0 in starts:
         x0 = np.clip(x0, LOWER, UPPER)
         result = least_squares(residuals, x0, bounds=(LOWER, UPPER), method="trf", loss="soft_l1", f_scale=0.1)
@@ -95,6 +91,12 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
     return EfficiencyCurve.from_vector(v)
 
 
+def _soft_floor(time, floor, sharpness):
+    """Vectorised simulator.efficiency._soft_floor."""
+    big = np.maximum(time, floor)
+    return big * ((time / big) ** sharpness + (floor / big) ** sharpness) ** (1 / sharpness)
+
+
 def mape(predicted: Iterable[float], measured: Iterable[float]) -> float:
     p, m = np.asarray(list(predicted)), np.asarray(list(measured))
     return float(np.mean(np.abs(p - m) / m))
@@ -113,8 +115,8 @@ def write_params(path: str | Path, params: dict) -> None:
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 PARAMS_OUT = Path(__file__).resolve().parent.parent / "simulator" / "catalog" / "efficiency.json"
 HELD_OUT_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# The CPU held-out MAPE over all operators (bench/cost_model_heldout.py), rounded up.
-FITTED_ERROR = 0.15
+# The CPU held-out MAPE (bench/cost_model_heldout.py: 12-18% time-weighted over runs), rounded up.
+FITTED_ERROR = 0.18
 
 
 def vidur_profiles(sku: str, shared: Path = SHARED) -> list:

@@ -1,14 +1,17 @@
 """Roofline x efficiency: the time model for operators on hardware without (or beyond) a profile. No torch.
 
 For an operator doing F FLOPs and moving B bytes on a device with peak P (FLOP/s) and bandwidth W
-(bytes/s), the ideal times are tc = F/P and tm = B/W. Achieved efficiencies rise with problem size,
-measured in ideal seconds so that a slower device saturates at a proportionally smaller problem:
+(bytes/s), the ideal times are tc = F/P and tm = B/W. Each side takes the larger of its ideal time
+at a sustained efficiency and a floor (the time below which the device cannot go however small the
+problem), joined smoothly:
 
-    eta_c(tc) = ec_max / (1 + (sc / tc) ** ac)      eta_m(tm) = em_max / (1 + (sm / tm) ** am)
-    t = t0 + max(tc / eta_c, tm / eta_m)
+    t_c = ((tc / ec_max) ** pc + fc ** pc) ** (1 / pc)      (fc = exp(log_fc), likewise t_m)
+    t   = t0 + max(t_c, t_m)
 
-With ec_max, em_max <= 1 the prediction is never faster than the roofline max(tc, tm).
-Parameters are fitted per operator family (calibrate/fit.py).
+so achieved efficiency rises in proportion to size for small problems and levels off at ec_max /
+em_max; the sharpness pc, pm sets how abruptly. t never decreases with size, and with ec_max,
+em_max <= 1 it is never below the roofline max(tc, tm) (the cost model also clamps to it).
+Parameters are fitted per operator and per operator family (calibrate/fit.py).
 """
 
 from __future__ import annotations
@@ -23,17 +26,15 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 class EfficiencyCurve:
     t0: float = 5e-6
     ec_max: float = 0.8
-    log_sc: float = math.log(2e-5)
-    ac: float = 1.0
+    log_fc: float = math.log(2e-5)
+    pc: float = 1.0
     em_max: float = 0.8
-    log_sm: float = math.log(2e-5)
-    am: float = 1.0
+    log_fm: float = math.log(2e-5)
+    pm: float = 1.0
 
     def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
-        tc = flops / peak_flops
-        tm = nbytes / bandwidth
-        compute = tc / (self.ec_max / (1 + (math.exp(self.log_sc) / tc) ** self.ac)) if tc > 0 else 0.0
-        memory = tm / (self.em_max / (1 + (math.exp(self.log_sm) / tm) ** self.am)) if tm > 0 else 0.0
+        compute = _soft_floor(flops / peak_flops / self.ec_max, math.exp(self.log_fc), self.pc) if flops > 0 else 0.0
+        memory = _soft_floor(nbytes / bandwidth / self.em_max, math.exp(self.log_fm), self.pm) if nbytes > 0 else 0.0
         return self.t0 + max(compute, memory)
 
     def to_dict(self) -> dict[str, float]:
@@ -48,7 +49,13 @@ class EfficiencyCurve:
         return cls(*[float(x) for x in v])
 
     def vector(self) -> list[float]:
-        return [self.t0, self.ec_max, self.log_sc, self.ac, self.em_max, self.log_sm, self.am]
+        return [self.t0, self.ec_max, self.log_fc, self.pc, self.em_max, self.log_fm, self.pm]
+
+
+def _soft_floor(time: float, floor: float, sharpness: float) -> float:
+    """max(time, floor), smoothed; exact in the limit of large sharpness."""
+    big = max(time, floor)
+    return big * ((time / big) ** sharpness + (floor / big) ** sharpness) ** (1 / sharpness)
 
 
 # -- work of each operator: (FLOPs, bytes) ------------------------------------------------------
