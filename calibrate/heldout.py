@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,29 +55,34 @@ def cpu_held_out(fit_on: Profile, held_out: Profile) -> dict[str, dict[str, floa
     return out
 
 
-def splitwise_check(perf_model_csv: Path, progress: Callable[[], None] | None = None) -> list[dict]:
-    """Predicted vs measured Llama-2-70B prefill (whole prompt) and decode-step times."""
-    hardware_ids = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-sxm"}
+HARDWARE_IDS = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-sxm"}
+
+
+def splitwise_rows(perf_model_csv: Path) -> list[dict]:
+    """Llama-2-70B rows of perf_model.csv on A100 / H100, repeated runs collapsed to medians."""
     groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     with perf_model_csv.open(newline="") as f:
         for row in csv.DictReader(f):
-            if row["model"] != "llama2-70b" or row["hardware"] not in hardware_ids:
+            if row["model"] != "llama2-70b" or row["hardware"] not in HARDWARE_IDS:
                 continue
             groups[(row["hardware"], int(row["tensor_parallel"]), int(row["prompt_size"]), int(row["batch_size"]),
                     int(row["token_size"]))].append((float(row["prompt_time"]), float(row["token_time"])))
+    return [{"hardware": hw, "tp": tp, "prompt": prompt, "batch": batch, "output": out_tokens,
+             "prefill_measured_s": statistics.median(v[0] for v in values) / 1e3,
+             "decode_measured_s": statistics.median(v[1] for v in values) / 1e3}
+            for (hw, tp, prompt, batch, out_tokens), values in sorted(groups.items())]
+
+
+def splitwise_check(perf_model_csv: Path) -> list[dict]:
+    """Predicted vs measured Llama-2-70B prefill (whole prompt) and decode-step times."""
     spec = load_model("llama-2-70b")
-    models = {h: CostModel.load(hardware_ids[h]) for h in hardware_ids}
-    rows = []
-    for (hw, tp, prompt, batch, out_tokens), values in sorted(groups.items()):
-        measured_prefill = statistics.median(v[0] for v in values) / 1e3
-        measured_decode = statistics.median(v[1] for v in values) / 1e3
-        model = models[hw]
+    models = {h: CostModel.load(HARDWARE_IDS[h]) for h in HARDWARE_IDS}
+    rows = splitwise_rows(perf_model_csv)
+    for r in rows:
+        model = models[r["hardware"]]
         # Prompts of a batch are prefilled together; decode steps run at the mean context.
-        prefill = model.step_time([Chunk(prompt, prompt)] * batch, spec, tp=tp, dtype="fp16").total_s
-        decode = model.step_time([Chunk(1, prompt + out_tokens // 2)] * batch, spec, tp=tp, dtype="fp16").total_s
-        rows.append({"hardware": hw, "tp": tp, "prompt": prompt, "batch": batch, "output": out_tokens,
-                     "prefill_measured_s": measured_prefill, "prefill_predicted_s": prefill,
-                     "decode_measured_s": measured_decode, "decode_predicted_s": decode})
-        if progress:
-            progress()
+        r["prefill_predicted_s"] = model.step_time([Chunk(r["prompt"], r["prompt"])] * r["batch"], spec,
+                                                   tp=r["tp"], dtype="fp16").total_s
+        r["decode_predicted_s"] = model.step_time([Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"], spec,
+                                                  tp=r["tp"], dtype="fp16").total_s
     return rows
