@@ -193,7 +193,11 @@ class CostModel:
         errors.setdefault("measured", 0.02)
         peak = bandwidth = None
         if profile is not None and profile.peaks:
-            peak = profile.peaks.get("matmul_flops")
+            # The header's peak is one short benchmark; a profiled GEMM that ran faster proves the
+            # device can, and the roofline must never be slower than what was measured.
+            achieved = [gemm_work(m.get("m"), m.get("n"), m.get("k"), canonical_dtype(m.get("dtype")))[0] / m.time_s
+                        for m in profile.of("gemm")]
+            peak = max([profile.peaks.get("matmul_flops", 0.0), *achieved]) or None
             bandwidth = profile.peaks.get("memory_bandwidth")
         model = cls(accelerator, curves, errors, profile, peak, bandwidth)
         model.collective = shipped.get("all_reduce", model.collective)
