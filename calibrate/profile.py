@@ -40,6 +40,9 @@ from simulator.profile import Measurement, Profile
 class ProfileGrid:
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     prefill_q: tuple[int, ...] = (16, 64, 256)
+    # Attention kernels' efficiency depends on head_dim, which no other axis stands in for: attention
+    # is also profiled at these head dims (same query and KV widths as the model, where they divide).
+    attention_head_dims: tuple[int, ...] = (64, 128)
     prefill_kv_multiples: tuple[int, ...] = (1, 2, 4)
     decode_batch: tuple[int, ...] = (1, 4, 16, 64)
     decode_kv: tuple[int, ...] = (64, 256, 1024)
@@ -62,7 +65,7 @@ class ProfileGrid:
     def quick(cls) -> "ProfileGrid":
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
-                   decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1)
+                   decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=())
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
@@ -152,13 +155,13 @@ class Profiler:
         for name, (n, k) in shapes.items():
             for m in g.tokens:
                 plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
-        heads = dict(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)
-        for q in g.prefill_q:
-            for mult in g.prefill_kv_multiples:
-                plan.append(("attention_prefill", dict(q_len=q, kv_len=q * mult, **heads)))
-        for batch in g.decode_batch:
-            for kv in g.decode_kv:
-                plan.append(("attention_decode", dict(batch=batch, kv_len=kv, **heads)))
+        for heads in self._attention_shapes():
+            for q in g.prefill_q:
+                for mult in g.prefill_kv_multiples:
+                    plan.append(("attention_prefill", dict(q_len=q, kv_len=q * mult, **heads)))
+            for batch in g.decode_batch:
+                for kv in g.decode_kv:
+                    plan.append(("attention_decode", dict(batch=batch, kv_len=kv, **heads)))
         widths = {"rms_norm": c.hidden_size, "rope": c.q_size + c.kv_size, "swiglu": c.intermediate_size,
                   "add": c.hidden_size}
         for m in g.tokens:
@@ -169,6 +172,17 @@ class Profiler:
             plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
             plan.append(("step_overhead", dict(batch=batch)))
         return plan
+
+    def _attention_shapes(self) -> list[dict]:
+        """The model's own head layout, then the same query / KV widths at other head dims."""
+        c = self.model
+        shapes = [dict(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=self.dtype)]
+        for head_dim in self.grid.attention_head_dims:
+            if head_dim == c.head_dim or c.q_size % head_dim or c.kv_size % head_dim:
+                continue
+            shapes.append(dict(num_heads=c.q_size // head_dim, num_kv_heads=c.kv_size // head_dim, head_dim=head_dim,
+                               dtype=self.dtype))
+        return shapes
 
     # -- running ------------------------------------------------------------------------------
     def run(self, out: str | Path, on_progress: Callable[[int, int], None] | None = None) -> Profile:
@@ -248,7 +262,10 @@ class Profiler:
         return cache, torch.arange(tokens, device=self.device)
 
     def _attention(self, op: str, p: dict) -> Callable[[], object]:
-        c, bs = self.model, self.grid.block_size
+        from dataclasses import replace
+
+        bs = self.grid.block_size
+        c = replace(self.model, num_heads=p["num_heads"], num_kv_heads=p["num_kv_heads"], head_dim=p["head_dim"])
         if op == "attention_prefill":
             seqs = [(p["kv_len"] - p["q_len"], p["q_len"], p["kv_len"])]
         else:

@@ -107,9 +107,11 @@ FALLBACK = {"attention_prefill": "attention", "attention_decode": "attention", "
             "kv_write": "memory", "sample": "memory"}
 
 
-def curve_key(op: str, name: str | None = None) -> str:
+def curve_key(op: str, name: str | None = None, head_dim: int | None = None) -> str:
     if op in ("gemm", "elementwise") and name:
         return f"{op}:{name}"
+    if op in ("attention_prefill", "attention_decode") and head_dim:
+        return f"{op}:hd{head_dim}"
     return op
 
 
@@ -118,6 +120,8 @@ def _fallback(key: str) -> str | None:
         return "gemm"
     if key.startswith("elementwise:"):
         return "memory"
+    if key.startswith("attention_") and ":" in key:
+        return key.split(":")[0]
     return FALLBACK.get(key)
 
 
@@ -143,9 +147,12 @@ def work_of(m: Measurement) -> tuple[float, float] | None:
 
 def curve_keys_of(m: Measurement) -> list[str]:
     """The curves a measurement helps fit: its own, and the family ones it falls back to."""
-    own = curve_key(m.op, m.name if m.op == "gemm" else (m.get("name") if m.op == "elementwise" else None))
+    params = dict(m.params)
+    own = curve_key(m.op, m.name if m.op == "gemm" else params.get("name"), params.get("head_dim"))
     keys = [own]
     while (nxt := _fallback(keys[-1])) is not None and nxt not in keys:
+        if nxt == "gemm" and m.op != "gemm":
+            break  # attention falls back on the GEMM curve when predicting, but must not train it
         keys.append(nxt)
     return keys
 
@@ -233,7 +240,7 @@ class CostModel:
             dtype = samples[0][1]
             family = _fallback(key) if key not in families else None
             shape = self.curves.get(family) if family in groups else None
-            self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self.bandwidth,
+            self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self._bandwidth_for(key),
                                          start=None if key in families else self.curves.get(key), shape_from=shape)
 
     # -- device facts -------------------------------------------------------------------------
@@ -324,7 +331,7 @@ class CostModel:
         dtype = canonical_dtype(dtype)
         work = prefill_attention_work(q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype)
         return self._lookup(("attention_prefill", q_len, num_heads, num_kv_heads, head_dim, dtype), kv_len,
-                            lambda: self._model("attention_prefill", *work, dtype))
+                            lambda: self._model(curve_key("attention_prefill", head_dim=head_dim), *work, dtype))
 
     def attention_prefill(self, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
                           dtype: str) -> float:
@@ -340,7 +347,7 @@ class CostModel:
         # A profile measures equal lengths; unequal ones are looked up at the batch's mean length.
         mean_len = max(1, round(sum(kv_lens) / batch))
         return self._lookup(("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype), mean_len,
-                            lambda: self._model("attention_decode", *work, dtype))
+                            lambda: self._model(curve_key("attention_decode", head_dim=head_dim), *work, dtype))
 
     def attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: str) -> float:
