@@ -47,6 +47,7 @@ def main() -> None:
     print(f"   elementwise ops (not a target): {others}")
 
     print("\n2. CPU held-out: fit on model A's profile, predict model B's operators (this machine)")
+    print("   (B's attention at its own head layout; both profiles also hold attention at other head dims)")
     folder = args.keep or Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
     models = {"A": MODEL_A, "B": MODEL_B}
@@ -58,7 +59,8 @@ def main() -> None:
         print(f"   profiled model {name} (hidden {config['hidden_size']}, FFN {config['intermediate_size']}, "
               f"{config['num_attention_heads']}/{config['num_key_value_heads']} heads, vocab {config['vocab_size']}): "
               f"{len(profiles[name].measurements)} points -> {paths[name]}")
-    result = cpu_held_out(profiles["A"], profiles["B"])
+    b = ModelConfig.from_hf(MODEL_B)
+    result = cpu_held_out(profiles["A"], profiles["B"], (b.num_heads, b.num_kv_heads, b.head_dim))
     for label, r in result.items():
         print(f"   {label:<24} MAPE {r['mape']:6.1%}   n={r['n']:<4} share of B's time {r['time_share']:6.1%}")
     print("   target <= 10%")

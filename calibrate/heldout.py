@@ -36,13 +36,21 @@ def predict_measurement(model: CostModel, m: Measurement) -> float:
     return model.predict(m.op, **p).time_s
 
 
-def cpu_held_out(fit_on: Profile, held_out: Profile) -> dict[str, dict[str, float]]:
-    """Per operator: MAPE, count, and share of the held-out profile's time."""
+def cpu_held_out(fit_on: Profile, held_out: Profile, held_out_heads: tuple[int, int, int] | None = None
+                 ) -> dict[str, dict[str, float]]:
+    """Per operator: MAPE, count, and share of the held-out profile's time.
+
+    held_out_heads (num_heads, num_kv_heads, head_dim) keeps only the held-out model's own
+    attention layout: its profile also holds attention at other head dims, which that model never runs.
+    """
     model = CostModel.load(fit_on.hardware, profile=fit_on)
     model._series = {}  # predict every held-out point from the fitted curves, not from fit_on's points
     errors: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for m in held_out.measurements:
         if m.op == "step_overhead":
+            continue
+        if m.op.startswith("attention") and held_out_heads is not None and (
+                m.get("num_heads"), m.get("num_kv_heads"), m.get("head_dim")) != held_out_heads:
             continue
         errors[operator_label(m)].append((predict_measurement(model, m), m.time_s))
     total = sum(t for v in errors.values() for _, t in v)
