@@ -38,14 +38,15 @@ LEVELS = (0, 1, 4)  # the overhead and the two plateaus
 
 
 def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | Callable[[float], float],
-              start: EfficiencyCurve | None = None, shape_from: EfficiencyCurve | None = None) -> EfficiencyCurve:
+              start: EfficiencyCurve | None = None, shape_from: EfficiencyCurve | None = None,
+              additive: bool = False) -> EfficiencyCurve:
     """Least squares on log time. With shape_from, only the overhead and the two efficiency
     plateaus are fitted and the saturation shape is taken from that (family) curve: a few points of
     one operator then cannot bend the curve in ways that extrapolate badly."""
     if len(samples) < 4:
         raise ValueError(f"need at least 4 measurements to fit an efficiency curve, got {len(samples)}")
     if shape_from is not None:
-        return _fit_levels(samples, peak_flops, bandwidth, shape_from)
+        return _fit_levels(samples, peak_flops, bandwidth, shape_from, additive)
     flops = np.array([s.flops for s in samples])
     nbytes = np.array([s.nbytes for s in samples])
     # Bandwidth may depend on the working set (caches): one value per sample.
@@ -56,7 +57,8 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | C
         t0, ec, lfc, pc, em, lfm, pm = v
         compute = np.where(flops > 0, _soft_floor(flops / peak_flops / ec, np.exp(lfc), pc), 0.0)
         memory = np.where(nbytes > 0, _soft_floor(nbytes / bandwidth / em, np.exp(lfm), pm), 0.0)
-        return np.log(t0 + np.maximum(compute, memory) + 1e-30) - log_t
+        combined = compute + memory if additive else np.maximum(compute, memory)
+        return np.log(t0 + combined + 1e-30) - log_t
 
     best = None
     starts = [start.vector()] if start else []
@@ -71,7 +73,7 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | C
 
 
 def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float | Callable[[float], float],
-                shape: EfficiencyCurve) -> EfficiencyCurve:
+                shape: EfficiencyCurve, additive: bool = False) -> EfficiencyCurve:
     base = np.array(shape.vector())
     measured = [s.time_s for s in samples]
 
@@ -80,7 +82,7 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
         v[list(LEVELS)] = levels
         curve = EfficiencyCurve.from_vector(v)
         return np.log([curve.time(s.flops, s.nbytes, peak_flops, bandwidth(s.nbytes) if callable(bandwidth)
-                                   else bandwidth) for s in samples]) - np.log(measured)
+                                   else bandwidth, additive) for s in samples]) - np.log(measured)
 
     lower = [LOWER[i] for i in LEVELS]
     upper = [UPPER[i] for i in LEVELS]

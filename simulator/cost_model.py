@@ -125,6 +125,12 @@ def _fallback(key: str) -> str | None:
     return FALLBACK.get(key)
 
 
+def _additive(key: str) -> bool:
+    """The engine's attention gathers K/V and then computes on them: the two sides add up. A GEMM
+    streams and computes at once: the slower side decides."""
+    return key.startswith("attention")
+
+
 def work_of(m: Measurement) -> tuple[float, float] | None:
     """(FLOPs, bytes) of a measured operator, or None for ops outside the roofline model."""
     p = dict(m.params)
@@ -241,7 +247,8 @@ class CostModel:
             family = _fallback(key) if key not in families else None
             shape = self.curves.get(family) if family in groups else None
             self.curves[key] = fit_curve([s for s, _ in samples], self.peak_flops(dtype), self._bandwidth_for(key),
-                                         start=None if key in families else self.curves.get(key), shape_from=shape)
+                                         start=None if key in families else self.curves.get(key), shape_from=shape,
+                                         additive=_additive(key))
 
     # -- device facts -------------------------------------------------------------------------
     def peak_flops(self, dtype: str) -> float:
@@ -293,7 +300,8 @@ class CostModel:
     def _model(self, key: str, flops: float, nbytes: float, dtype: str) -> Prediction:
         peak = self.peak_flops(dtype)
         bandwidth = self._bandwidth_for(key)(nbytes)
-        t = self.curve(key).time(flops, nbytes, peak, bandwidth)
+        used = self.curve_used(key)
+        t = self.curves[used].time(flops, nbytes, peak, bandwidth, _additive(used))
         roofline = max(flops / peak, nbytes / bandwidth)
         provenance = "fitted" if self.profile is not None else "extrapolated"
         return Prediction(max(t, roofline), provenance, self.expected_error(provenance, key))

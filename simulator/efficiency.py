@@ -32,10 +32,11 @@ class EfficiencyCurve:
     log_fm: float = math.log(2e-5)
     pm: float = 1.0
 
-    def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
+    def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float, additive: bool = False) -> float:
+        """additive: the two sides run one after the other (a gather, then the math) instead of overlapping."""
         compute = _soft_floor(flops / peak_flops / self.ec_max, math.exp(self.log_fc), self.pc) if flops > 0 else 0.0
         memory = _soft_floor(nbytes / bandwidth / self.em_max, math.exp(self.log_fm), self.pm) if nbytes > 0 else 0.0
-        return self.t0 + max(compute, memory)
+        return self.t0 + (compute + memory if additive else max(compute, memory))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
