@@ -25,3 +25,4 @@ bench: $(STAMP)
 	$(VENV)/bin/pip install -q -e ".[bench]"
 	$(VENV)/bin/python bench/linear_backends.py
 	$(VENV)/bin/python bench/engine_throughput.py
+	$(VENV)/bin/python bench/cost_model_heldout.py

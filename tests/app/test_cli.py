@@ -100,3 +100,19 @@ def test_profile_then_predict_with_it(tmp_path) -> None:
     assert json.loads(result.stdout)["operators"]["qkv_proj"]["provenance"] in ("measured", "interpolated")
     bad = runner.invoke(app, ["profile", "--quick", "--out", str(out), "--dtype", "bfloat16"])
     assert bad.exit_code == 2 and "choose another --out" in bad.stderr
+
+
+def test_calibrate_refits_into_a_given_file(tmp_path) -> None:
+    from pathlib import Path
+
+    shared = Path(__file__).resolve().parents[2].parent / "shared"
+    if not (shared / "profiles" / "vidur").is_dir():
+        pytest.skip("../shared/profiles/vidur is not beside the checkout")
+    out = tmp_path / "efficiency.json"
+    result = runner.invoke(app, ["calibrate", "--shared", str(shared), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    params = json.loads(out.read_text())
+    assert {"gemm", "gemm:qkv_proj", "memory"} <= set(params["curves"])
+    assert set(params["held_out_a40_mape"]) >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    bad = runner.invoke(app, ["calibrate", "--shared", str(tmp_path), "--out", str(out)])
+    assert bad.exit_code == 2 and "no Vidur a100 profiles" in bad.stderr

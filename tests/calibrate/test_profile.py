@@ -56,3 +56,19 @@ def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
     assert step.total_s > 0 and step.provenance["qkv_proj"] in ("measured", "interpolated")
     other = ModelSpec.from_hf_dict({**TINY, "hidden_size": 96, "intermediate_size": 200}, "other")
     assert model.step_time([Chunk(8, 8)], other, dtype="fp32").provenance["qkv_proj"] == "fitted"
+
+
+def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
+    from calibrate.heldout import cpu_held_out
+    from calibrate.profile import profile_side_by_side
+
+    other = {**TINY, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 3, "num_key_value_heads": 1,
+             "vocab_size": 700}
+    a, b = profile_side_by_side([(Profiler(ModelConfig.from_hf(TINY), grid=ProfileGrid.quick()), tmp_path / "a.jsonl"),
+                                 (Profiler(ModelConfig.from_hf(other), grid=ProfileGrid.quick()), tmp_path / "b.jsonl")])
+    assert len(a.measurements) == len(Profiler(ModelConfig.from_hf(TINY), grid=ProfileGrid.quick()).plan())
+    result = cpu_held_out(a, b, (3, 1, 32))
+    assert {"gemm:qkv_proj", "gemm:lm_head", "attention_decode", "all operators", "time-weighted"} <= set(result)
+    assert all(r["mape"] >= 0 and r["n"] > 0 for r in result.values())
+    assert sum(r["time_share"] for k, r in result.items() if k not in ("all operators", "time-weighted")) == (
+        pytest.approx(1.0))
