@@ -150,6 +150,7 @@ def profile(
     dtype: str = typer.Option("float32"),
     max_batched_tokens: int = typer.Option(512, help="largest token count profiled for GEMMs and elementwise ops"),
     quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
+    tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
 ) -> None:
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
@@ -165,7 +166,7 @@ def profile(
         if max_batched_tokens < 1:
             raise ValueError("--max-batched-tokens must be positive")
         grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens)
-        profiler = Profiler(config, device=device, dtype=dtype, grid=grid)
+        profiler = Profiler(config, device=device, dtype=dtype, grid=grid, tp=tp)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:
             task = progress.add_task("profile", total=len(profiler.plan()))

@@ -132,7 +132,10 @@ def measure_bandwidth_by_size(device: torch.device, sync) -> list[tuple[int, flo
 
 class Profiler:
     def __init__(self, model: ModelConfig, device: str = "cpu", dtype: str = "float32", hardware: str | None = None,
-                 grid: ProfileGrid | None = None) -> None:
+                 grid: ProfileGrid | None = None, tp: int = 1) -> None:
+        if tp < 1:
+            raise ValueError(f"tp must be at least 1, got {tp}")
+        self.tp = tp
         self.model = model
         self.device = torch.device(device)
         self.torch_dtype = TORCH_DTYPES[dtype]
@@ -171,6 +174,11 @@ class Profiler:
         for batch in g.decode_batch:
             plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
             plan.append(("step_overhead", dict(batch=batch)))
+        if self.tp > 1:
+            # The all-reduce after attention and after the MLP of every layer: tokens x hidden.
+            element = self.torch_dtype.itemsize
+            for m in g.tokens:
+                plan.append(("all_reduce", dict(nbytes=m * c.hidden_size * element, world=self.tp)))
         return plan
 
     def _attention_shapes(self) -> list[dict]:
@@ -212,7 +220,16 @@ class Profiler:
         for group in _groups(plan):
             todo = [(op, params) for op, params in group if Measurement.make(op, 1.0, **params).key not in done]
             times: dict[int, list[float]] = {i: [] for i in range(len(todo))}
-            for _ in range(self.grid.passes):
+            if todo and todo[0][0] == "all_reduce":
+                from calibrate.collectives import measure_all_reduce
+
+                measured = measure_all_reduce(self.tp, [p["nbytes"] for _, p in todo], self.device.type,
+                                              str(self.torch_dtype).removeprefix("torch."))
+                times = {i: [measured[p["nbytes"]]] for i, (_, p) in enumerate(todo)}
+                todo_passes = 0
+            else:
+                todo_passes = self.grid.passes
+            for _ in range(todo_passes):
                 for i, (op, params) in enumerate(todo):
                     times[i].append(self._measure(op, params))
             for i, (op, params) in enumerate(todo):

@@ -72,3 +72,16 @@ def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
     assert all(r["mape"] >= 0 and r["n"] > 0 for r in result.values())
     assert sum(r["time_share"] for k, r in result.items() if k not in ("all operators", "time-weighted")) == (
         pytest.approx(1.0))
+
+
+def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
+    path = tmp_path / "tp2.jsonl"
+    profile = Profiler(ModelConfig.from_hf(TINY), grid=ProfileGrid.quick(), tp=2).run(path)
+    measured = profile.of("all_reduce")
+    assert {m.get("world") for m in measured} == {2}
+    assert {m.get("nbytes") for m in measured} == {t * 64 * 4 for t in ProfileGrid.quick().tokens}
+    model = CostModel.load("cpu-local", profile=path)
+    p = model.predict_all_reduce(measured[0].get("nbytes"), 2)
+    assert p.provenance == "measured" and p.time_s == pytest.approx(measured[0].time_s)
+    with pytest.raises(ValueError, match="at least 1"):
+        Profiler(ModelConfig.from_hf(TINY), tp=0)
