@@ -27,7 +27,7 @@ from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.model import RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary
-from engine.runner import TORCH_DTYPES
+from engine.runner import TORCH_DTYPES, prepare_step, slots_for
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -294,7 +294,7 @@ class Profiler:
             table = list(range(next_block, next_block + -(-kv // bs)))
             next_block += len(table)
             chunks.append((start, n, table))
-            slots += [table[pos // bs] * bs + pos % bs for pos in range(start, start + n)]
+            slots += slots_for(table, start, start + n, bs)
         meta = build_metadata(slots, chunks, bs, {None}, self.device)
         tokens = len(slots)
         q = self._tensor(tokens, c.num_heads, c.head_dim)
@@ -336,18 +336,7 @@ class Profiler:
 
         def step() -> None:
             out = scheduler.schedule()
-            chunks, slots, ids, positions = [], [], [], []
-            for ch in out.chunks:
-                seq = scheduler.requests[ch.request_id]
-                table = seq.block_table
-                pos = range(ch.start, ch.start + ch.num_tokens)
-                ids.extend(seq.token_ids[ch.start:ch.start + ch.num_tokens])
-                positions.extend(pos)
-                slots.extend(table[q // bs] * bs + q % bs for q in pos)
-                chunks.append((ch.start, ch.num_tokens, table))
-            build_metadata(slots, chunks, bs, windows, self.device)
-            torch.tensor(ids, device=self.device)
-            torch.tensor(positions, device=self.device)
+            prepare_step(out, scheduler.requests, bs, windows, self.device)
             scheduler.update(out, {ch.request_id: 1 for ch in out.chunks if ch.samples}, 0.0)
 
         return step

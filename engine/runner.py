@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import build_metadata
+from engine.attention import AttentionMetadata, build_metadata
 from engine.config import CacheConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
@@ -39,40 +39,59 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Sequence],
                 generators: Mapping[str, torch.Generator | None]) -> StepResult:
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        chunks = []
-        sample_rows: list[int] = []
-        sample_ids: list[str] = []
-        logit_ranges: list[tuple[str, int, int, int]] = []  # request, first row, rows, first position
-        for chunk in out.chunks:
-            seq = requests[chunk.request_id]
-            begin = len(input_ids)
-            end_pos = chunk.start + chunk.num_tokens
-            table = seq.block_table
-            input_ids.extend(seq.token_ids[chunk.start:end_pos])
-            pos = range(chunk.start, end_pos)
-            positions.extend(pos)
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            chunks.append((chunk.start, chunk.num_tokens, table))
-            if chunk.samples:
-                sample_rows.append(begin + chunk.num_tokens - 1)
-                sample_ids.append(chunk.request_id)
-            if seq.sampling.return_prompt_logits and chunk.start < seq.num_prompt_tokens:
-                n = min(end_pos, seq.num_prompt_tokens) - chunk.start
-                logit_ranges.append((chunk.request_id, begin, n, chunk.start))
-
-        meta = build_metadata(slots, chunks, bs, self.windows, self.device)
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=self.device),
-                            torch.tensor(positions, dtype=torch.long, device=self.device), meta, self.cache)
+        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         result = StepResult()
-        if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
-            params = [requests[r].sampling for r in sample_ids]
-            tokens = sample(logits, params, [generators.get(r) for r in sample_ids])
-            result.sampled = dict(zip(sample_ids, tokens))
-        for request_id, begin, n, first_pos in logit_ranges:
+        if inputs.sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(inputs.sample_rows, device=self.device)])
+            params = [requests[r].sampling for r in inputs.sample_ids]
+            tokens = sample(logits, params, [generators.get(r) for r in inputs.sample_ids])
+            result.sampled = dict(zip(inputs.sample_ids, tokens))
+        for request_id, begin, n, first_pos in inputs.logit_ranges:
             result.prompt_logits[request_id] = (first_pos, self.model.compute_logits(hidden[begin:begin + n]).cpu())
         return result
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [tokens] packed over the step's chunks
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMetadata
+    sample_rows: list[int]  # packed rows whose logits are sampled ...
+    sample_ids: list[str]  # ... for these requests
+    logit_ranges: list[tuple[str, int, int, int]]  # request, first row, rows, first position (prompt logits)
+
+
+def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """KV-cache slots of positions start..end-1 of a sequence with this block table."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
+                 windows: set[int | None], device: torch.device) -> StepInputs:
+    """The host-side work of a step: pack the scheduled chunks into tensors and attention metadata."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    chunks = []
+    sample_rows: list[int] = []
+    sample_ids: list[str] = []
+    logit_ranges: list[tuple[str, int, int, int]] = []
+    for chunk in out.chunks:
+        seq = requests[chunk.request_id]
+        begin = len(input_ids)
+        end_pos = chunk.start + chunk.num_tokens
+        input_ids.extend(seq.token_ids[chunk.start:end_pos])
+        positions.extend(range(chunk.start, end_pos))
+        slots.extend(slots_for(seq.block_table, chunk.start, end_pos, block_size))
+        chunks.append((chunk.start, chunk.num_tokens, seq.block_table))
+        if chunk.samples:
+            sample_rows.append(begin + chunk.num_tokens - 1)
+            sample_ids.append(chunk.request_id)
+        if seq.sampling.return_prompt_logits and chunk.start < seq.num_prompt_tokens:
+            n = min(end_pos, seq.num_prompt_tokens) - chunk.start
+            logit_ranges.append((chunk.request_id, begin, n, chunk.start))
+    return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=device),
+                      torch.tensor(positions, dtype=torch.long, device=device),
+                      build_metadata(slots, chunks, block_size, windows, device),
+                      sample_rows, sample_ids, logit_ranges)
