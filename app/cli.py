@@ -134,12 +134,11 @@ def _engine_model_config(model: str):
     """An engine ModelConfig from a catalog id, a config.json path or 'demo'."""
     from app.demo import DEMO_MODEL
     from engine.config import ModelConfig
-    from simulator.catalog.models import MODELS_DIR
+    from simulator.catalog.models import model_config_path
 
     if model == "demo":
         return ModelConfig.from_hf(DEMO_MODEL)
-    catalog = MODELS_DIR / f"{model}.json"
-    return ModelConfig.from_hf(catalog if catalog.is_file() else Path(model))
+    return ModelConfig.from_hf(model_config_path(model))
 
 
 @app.command()

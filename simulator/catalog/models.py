@@ -88,8 +88,8 @@ def catalog_model_ids() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
 
 
-def load_model(model: str | Path) -> ModelSpec:
-    """A catalog id (e.g. 'llama-3.1-8b') or a path to an HF config.json (or its directory)."""
+def model_config_path(model: str | Path) -> Path:
+    """The config.json of a catalog id (e.g. 'llama-3.1-8b'), or of a path to one (or its directory)."""
     path = MODELS_DIR / f"{model}.json"
     if not path.is_file():
         path = Path(model)
@@ -98,6 +98,12 @@ def load_model(model: str | Path) -> ModelSpec:
         if not path.is_file():
             raise ValueError(f"unknown model {str(model)!r}: use a catalog id ({', '.join(catalog_model_ids())}) "
                              "or a path to an HF config.json")
+    return path
+
+
+def load_model(model: str | Path) -> ModelSpec:
+    """A catalog id (e.g. 'llama-3.1-8b') or a path to an HF config.json (or its directory)."""
+    path = model_config_path(model)
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
