@@ -34,7 +34,7 @@ class Sample:
 
 
 # Indices in EfficiencyCurve.vector(): t0, ec_max, log_fc, pc, em_max, log_fm, pm.
-LEVELS = (0, 1, 4)  # the overhead and the two plateaus
+LEVELS = (0, 1, 2, 4, 5)  # the overhead, the two plateaus and the two floors
 
 
 def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | Callable[[float], float],
@@ -86,10 +86,19 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
 
     lower = [LOWER[i] for i in LEVELS]
     upper = [UPPER[i] for i in LEVELS]
-    x0 = np.clip(base[list(LEVELS)], lower, upper)
-    result = least_squares(residuals, x0, bounds=(lower, upper), method="trf", loss="soft_l1", f_scale=0.1)
+    # From the family's levels, and from "a fixed call overhead plus the roofline" (an operator
+    # whose floor sits far below its family's, which the family's start cannot reach).
+    fastest = min(measured)
+    starts = [base[list(LEVELS)], np.array([0.8 * fastest, 0.8, math.log(1e-8), 0.8, math.log(1e-8)]),
+              np.array([0.3 * fastest, 0.5, math.log(0.5 * fastest), 0.5, math.log(0.5 * fastest)])]
+    best = None
+    for x0 in starts:
+        result = least_squares(residuals, np.clip(x0, lower, upper), bounds=(lower, upper), method="trf",
+                               loss="soft_l1", f_scale=0.1)
+        if best is None or result.cost < best.cost:
+            best = result
     v = base.copy()
-    v[list(LEVELS)] = result.x
+    v[list(LEVELS)] = best.x
     return EfficiencyCurve.from_vector(v)
 
 

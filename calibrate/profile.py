@@ -43,6 +43,10 @@ class ProfileGrid:
     # Attention kernels' efficiency depends on head_dim, which no other axis stands in for: attention
     # is also profiled at these head dims (same query and KV widths as the model, where they divide).
     attention_head_dims: tuple[int, ...] = (64, 128)
+    # Query heads per KV head also profiled at each head dim (same KV width): a model's own GQA
+    # group alone cannot tell the fit whether attention time follows query heads (compute) or KV
+    # heads (memory), and another model's group is then guessed, not predicted.
+    attention_groups: tuple[int, ...] = (1, 4)
     prefill_kv_multiples: tuple[int, ...] = (1, 2, 4)
     decode_batch: tuple[int, ...] = (1, 4, 16, 64)
     decode_kv: tuple[int, ...] = (64, 256, 1024)
@@ -65,7 +69,8 @@ class ProfileGrid:
     def quick(cls) -> "ProfileGrid":
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
-                   decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=())
+                   decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
+                   attention_groups=())
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
@@ -182,15 +187,18 @@ class Profiler:
         return plan
 
     def _attention_shapes(self) -> list[dict]:
-        """The model's own head layout, then the same query / KV widths at other head dims."""
+        """The model's own head layout; the same query / KV widths at other head dims; and at each
+        of those head dims, other query heads per KV head over the same KV width."""
         c = self.model
-        shapes = [dict(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=self.dtype)]
+        layouts = [(c.num_heads, c.num_kv_heads, c.head_dim)]
         for head_dim in self.grid.attention_head_dims:
-            if head_dim == c.head_dim or c.q_size % head_dim or c.kv_size % head_dim:
-                continue
-            shapes.append(dict(num_heads=c.q_size // head_dim, num_kv_heads=c.kv_size // head_dim, head_dim=head_dim,
-                               dtype=self.dtype))
-        return shapes
+            if head_dim != c.head_dim and not c.q_size % head_dim and not c.kv_size % head_dim:
+                layouts.append((c.q_size // head_dim, c.kv_size // head_dim, head_dim))
+        for _, kv_heads, head_dim in list(layouts):
+            for group in self.grid.attention_groups:
+                if (kv_heads * group, kv_heads, head_dim) not in layouts:
+                    layouts.append((kv_heads * group, kv_heads, head_dim))
+        return [dict(num_heads=h, num_kv_heads=kv, head_dim=hd, dtype=self.dtype) for h, kv, hd in layouts]
 
     # -- running ------------------------------------------------------------------------------
     def run(self, out: str | Path, on_progress: Callable[[int, int], None] | None = None) -> Profile:

@@ -37,6 +37,9 @@ from simulator.efficiency import (
 )
 from simulator.profile import Measurement, Profile
 
+# Bytes per stored weight (int4: packed nibbles plus a 16-bit scale and zero point per group of 128).
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
+
 PARAMS_FILE = Path(__file__).parent / "catalog" / "efficiency.json"
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
@@ -261,10 +264,11 @@ class CostModel:
         return self._bandwidth if self._bandwidth is not None else self.accelerator.memory_bandwidth
 
     def _bandwidth_for(self, key: str):
-        """GEMMs stream their weights, whose size decides whether they are read from cache or
-        DRAM: they see the size-dependent bandwidth. Attention and streaming ops at step sizes are
-        dominated by per-call costs that the curves' overhead term carries: the single bandwidth."""
-        if key.startswith("gemm"):
+        """GEMMs and streaming ops (norms, adds, KV writes, sampling) read working sets whose size
+        decides whether they come from cache or DRAM: they see the size-dependent bandwidth.
+        Attention gathers then computes at step sizes dominated by per-call costs that the curves'
+        overhead term carries: the single bandwidth."""
+        if key.startswith(("gemm", "elementwise")) or key in ("kv_write", "memory", "sample"):
             return self.bandwidth_at
         return lambda nbytes: self.bandwidth
 
@@ -325,9 +329,17 @@ class CostModel:
         t, provenance = series.at(size)
         return Prediction(t, provenance, self.errors[provenance])
 
-    def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None) -> Prediction:
-        """name: the layer ('qkv_proj', 'lm_head', ...) when known, to use its own curve."""
+    def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None,
+                     weight_dtype: str | None = None) -> Prediction:
+        """name: the layer ('qkv_proj', 'lm_head', ...) when known, to use its own curve.
+        weight_dtype: weights stored narrower than the compute dtype (weight-only quantization):
+        the same curve over fewer weight bytes, never a profile's point of other weights."""
         dtype = canonical_dtype(dtype)
+        if weight_dtype is not None and weight_dtype != dtype:
+            flops, nbytes = gemm_work(m, n, k, dtype)
+            nbytes -= k * n * (DTYPE_BYTES[dtype] - WEIGHT_BYTES[weight_dtype])
+            prediction = self._model(curve_key("gemm", name), flops, nbytes, dtype)
+            return Prediction(prediction.time_s, "extrapolated", self.errors.get("unvalidated", 0.5))
         return self._lookup(("gemm", n, k, dtype), m,
                             lambda: self._model(curve_key("gemm", name), *gemm_work(m, n, k, dtype), dtype))
 
@@ -417,12 +429,27 @@ class CostModel:
         attention per chunk (prefill chunks one by one, decodes batched), KV writes, norms, rotary,
         activation and residual adds, the LM head and sampling for the sampled rows, all-reduces
         under TP, and the host-side step overhead."""
-        dtype = canonical_dtype(dtype)
         cost = StepCost(0.0)
         if not chunks:
             return cost
-        tokens = sum(c.num_tokens for c in chunks)
-        layers = model.num_layers
+        self.add_token_ops(cost, sum(c.num_tokens for c in chunks), model, tp, dtype)
+        for c in chunks:
+            if c.num_tokens > 1:
+                self.add_prefill_attention(cost, c.num_tokens, c.context_len, model, tp, dtype)
+        decodes = [c.context_len for c in chunks if c.num_tokens == 1]
+        if decodes:
+            self.add_decode_attention(cost, decodes, model, tp, dtype)
+        self.add_head(cost, sum(1 for c in chunks if c.samples), model, tp, dtype)
+        cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
+        return cost
+
+    # The parts of a step, each a function of few integers so that the simulator can cache them.
+    def add_token_ops(self, cost: StepCost, tokens: int, model: ModelSpec, tp: int, dtype: str,
+                      layers: int | None = None, weight_dtype: str | None = None) -> None:
+        """Operators whose work follows the step's token count, over `layers` layers (default all):
+        the linear layers, KV writes, norms, rotary, activation, residual adds and TP all-reduces."""
+        dtype = canonical_dtype(dtype)
+        layers = model.num_layers if layers is None else layers
         heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
         shapes = model.linear_shapes(tp)
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
@@ -433,31 +460,37 @@ class CostModel:
                 touched = min(model.num_experts, tokens * model.experts_per_token)
                 m = max(1, math.ceil(tokens * model.experts_per_token / touched))
                 count = layers * touched
-            cost.add(name, self.predict_gemm(m, n, k, dtype, name), count)
-        for c in chunks:
-            if c.num_tokens > 1:
-                cost.add("attention_prefill", self.predict_attention_prefill(
-                    c.num_tokens, c.context_len, heads, kv_heads, model.head_dim, dtype), layers)
-        decodes = [c.context_len for c in chunks if c.num_tokens == 1]
-        if decodes:
-            cost.add("attention_decode", self.predict_attention_decode(
-                len(decodes), decodes, heads, kv_heads, model.head_dim, dtype), layers)
+            cost.add(name, self.predict_gemm(m, n, k, dtype, name, weight_dtype), count)
         cost.add("kv_write", self.predict_kv_write(tokens, kv_heads, model.head_dim, dtype), layers)
         widths = {"rms_norm": model.hidden_size, "rope": (heads + kv_heads) * model.head_dim,
                   "swiglu": model.intermediate_size // tp, "add": model.hidden_size}
         for name, width in widths.items():
             per_layer = 2 if name in ("rms_norm", "add") else 1
             cost.add(name, self.predict_elementwise(name, tokens, width, dtype), per_layer * layers)
-        sampled = sum(1 for c in chunks if c.samples)
-        if sampled:
-            n, k = shapes["lm_head"]
-            cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
-            cost.add("sample", self.predict_sample(sampled, model.vocab_size, dtype))
         if tp > 1:
             nbytes = tokens * model.hidden_size * DTYPE_BYTES[dtype]
             cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), 2 * layers)
-        cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
-        return cost
+
+    def add_prefill_attention(self, cost: StepCost, num_tokens: int, context_len: int, model: ModelSpec, tp: int,
+                              dtype: str, layers: int | None = None) -> None:
+        heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        cost.add("attention_prefill", self.predict_attention_prefill(
+            num_tokens, context_len, heads, kv_heads, model.head_dim, dtype),
+            model.num_layers if layers is None else layers)
+
+    def add_decode_attention(self, cost: StepCost, context_lens: Sequence[int], model: ModelSpec, tp: int, dtype: str,
+                             layers: int | None = None) -> None:
+        heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        cost.add("attention_decode", self.predict_attention_decode(
+            len(context_lens), context_lens, heads, kv_heads, model.head_dim, dtype),
+            model.num_layers if layers is None else layers)
+
+    def add_head(self, cost: StepCost, sampled: int, model: ModelSpec, tp: int, dtype: str) -> None:
+        """The LM head and sampling over the rows that sample a token."""
+        if sampled:
+            n, k = model.linear_shapes(tp)["lm_head"]
+            cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
+            cost.add("sample", self.predict_sample(sampled, model.vocab_size, dtype))
 
 
 def _series_key(m: Measurement) -> tuple[tuple | None, int]:
