@@ -85,3 +85,13 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
     assert p.provenance == "measured" and p.time_s == pytest.approx(measured[0].time_s)
     with pytest.raises(ValueError, match="at least 1"):
         Profiler(ModelConfig.from_hf(TINY), tp=0)
+
+
+def test_attention_is_planned_at_other_head_dims_and_query_groups() -> None:
+    """hidden 64: 4 query / 2 KV heads of 16; at head dim 32: 2/1; each also with 1 and 4 query heads per KV head."""
+    grid = ProfileGrid(attention_head_dims=(32,), attention_groups=(1, 4))
+    layouts = [(s["num_heads"], s["num_kv_heads"], s["head_dim"])
+               for s in Profiler(ModelConfig.from_hf(TINY), grid=grid)._attention_shapes()]
+    assert layouts[0] == (4, 2, 16)  # the model's own first
+    assert sorted(layouts) == sorted([(4, 2, 16), (2, 1, 32), (2, 2, 16), (8, 2, 16), (1, 1, 32), (4, 1, 32)])
+    assert len(set(layouts)) == len(layouts)
