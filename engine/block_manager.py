@@ -142,6 +142,8 @@ class BlockManager:
         All or nothing: returns False and changes nothing when the pool cannot hold them.
         """
         num_reused = len(computed_blocks)
+        if not num_reused and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
+            return True  # fits the blocks it holds: the common decode step
         total_tokens = seq.num_computed_tokens + num_reused * self.block_size + num_new_tokens
         num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
         # Reused blocks that are free leave the free pool too.

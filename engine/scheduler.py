@@ -14,15 +14,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, SchedulerConfig
 from engine.sequence import RequestStatus, Sequence
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """num_tokens tokens of one request, starting at position start, computed this step."""
+class ScheduledChunk(NamedTuple):
+    """num_tokens tokens of one request, starting at position start, computed this step.
+
+    A NamedTuple, not a dataclass: one is made per running request per step, and the simulator
+    makes millions of them.
+    """
 
     request_id: str
     start: int
@@ -111,20 +115,22 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
 
+        # Hot loop (the simulator runs it per request per step): a request whose new tokens fit the
+        # blocks it already holds needs no allocation call.
+        running, chunks = self.running, out.chunks
+        block_size = self.block_manager.block_size
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.allocate_slots(seq, num_new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim.request_id)
-                if victim is seq:
-                    break
-            else:
-                out.chunks.append(self._chunk(seq, num_new))
-                budget -= num_new
-                i += 1
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            start = seq.num_computed_tokens
+            num_tokens = len(seq.token_ids)
+            num_new = min(num_tokens - start, budget)
+            if start + num_new > len(seq.block_table) * block_size and not self._allocate_or_preempt(seq, num_new, out):
+                continue  # seq itself was preempted (it was the last running request)
+            chunks.append(ScheduledChunk(seq.request_id, start, num_new, start < seq.num_prefill_tokens,
+                                         start + num_new == num_tokens))
+            budget -= num_new
+            i += 1
 
         # A step that preempted has no blocks to spare for newcomers.
         while (not out.preempted and self.waiting and budget > 0
@@ -151,11 +157,22 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Blocks for seq's new tokens, preempting the most recently admitted requests until they
+        fit. False when seq itself had to go."""
+        while not self.block_manager.allocate_slots(seq, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim.request_id)
+            if victim is seq:
+                return False
+        return True
+
+    @staticmethod
+    def _chunk(seq: Sequence, num_new: int) -> ScheduledChunk:
         start = seq.num_computed_tokens
-        return ScheduledChunk(seq.request_id, start, num_new,
-                              is_prefill=start < seq.num_prefill_tokens,
-                              samples=start + num_new == seq.num_tokens)
+        return ScheduledChunk(seq.request_id, start, num_new, start < seq.num_prefill_tokens,
+                              start + num_new == len(seq.token_ids))
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
@@ -173,15 +190,20 @@ class Scheduler:
         Returns the requests that finished this step (their blocks are already freed).
         """
         finished: list[FinishedRequest] = []
-        for chunk in out.chunks:
-            seq = self.requests.get(chunk.request_id)
-            if seq is None or seq.status is not RequestStatus.RUNNING:
+        block_manager = self.block_manager
+        block_size = block_manager.block_size
+        lookup, running_status = self.requests.get, RequestStatus.RUNNING
+        for request_id, _, num_tokens, _, samples in out.chunks:
+            seq = lookup(request_id)
+            if seq is None or seq.status is not running_status:
                 continue
-            seq.num_computed_tokens += chunk.num_tokens
-            self.block_manager.cache_full_blocks(seq)
-            if not chunk.samples:
+            computed = seq.num_computed_tokens + num_tokens
+            seq.num_computed_tokens = computed
+            if computed // block_size > seq.num_registered_blocks:
+                block_manager.cache_full_blocks(seq)
+            if not samples:
                 continue
-            token = sampled[chunk.request_id]
+            token = sampled[request_id]
             seq.append_token(token, now)
             status = self._stop_status(seq, token)
             if status is not None:
@@ -192,9 +214,11 @@ class Scheduler:
 
     def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:
         params = seq.sampling
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+        if (params.stop_token_ids and token in params.stop_token_ids) or (
+                not params.ignore_eos and token in self.eos_token_ids):
             return RequestStatus.FINISHED_STOPPED
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        num_tokens = len(seq.token_ids)
+        if num_tokens - len(seq.prompt_token_ids) >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -83,6 +83,6 @@ class Sequence:
 
     def append_token(self, token_id: int, now: float) -> None:
         self.token_ids.append(token_id)
+        self.token_times.append(now)
         if self.first_token_time is None:
             self.first_token_time = now
-        self.token_times.append(now)

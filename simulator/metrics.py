@@ -1,0 +1,160 @@
+"""What a simulation measures: per-request rows, time series, and the summary. No torch.
+
+The recorder keeps one row per finished (or rejected) request and nothing else per request, so
+memory grows with the metric rows only; inter-token latencies of all requests go into a
+logarithmic histogram (ITL_BINS_PER_DECADE bins per factor of 10: percentiles within 0.3%).
+
+Definitions (vLLM's): queueing delay = first scheduled - arrival; TTFT = first token - arrival;
+TPOT = (finish - first token) / (output tokens - 1), the mean time per output token after the
+first; ITL = gaps between consecutive tokens of a request; E2E = finish - arrival.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from engine.sequence import Sequence
+
+PERCENTILES = (50, 90, 95, 99)
+ITL_BINS_PER_DECADE = 400
+ITL_MIN_S = 1e-7
+ITL_DECADES = 11  # 1e-7 s ... 1e4 s
+
+
+@dataclass
+class Recorder:
+    columns: dict[str, list] = field(default_factory=lambda: {
+        "request_id": [], "replica": [], "arrival_s": [], "prompt_tokens": [], "output_tokens": [],
+        "first_scheduled_s": [], "first_token_s": [], "finish_s": [], "preemptions": [],
+        "cached_prompt_tokens": [], "itl_max_s": []})
+    rejected: list[tuple[int, float, int, int, str]] = field(default_factory=list)
+    itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(ITL_BINS_PER_DECADE * ITL_DECADES + 2, np.int64))
+    timeseries: dict[str, list] = field(default_factory=lambda: {
+        "time_s": [], "replica": [], "waiting": [], "running": [], "kv_utilization": [], "batch_tokens": [],
+        "finished": [], "output_tokens": []})
+
+    def on_progress(self, callback, every: int = 1) -> None:
+        """callback(number of requests done) after every `every` finished or rejected requests."""
+        self._progress, self._progress_every = callback, every
+
+    def _done(self) -> None:
+        callback = getattr(self, "_progress", None)
+        if callback is not None:
+            done = len(self.columns["request_id"]) + len(self.rejected)
+            if done % self._progress_every == 0:
+                callback(done)
+
+    def finish(self, seq: Sequence, replica: int) -> None:
+        c = self.columns
+        times = seq.token_times
+        c["request_id"].append(seq.request_id)
+        c["replica"].append(replica)
+        c["arrival_s"].append(seq.arrival_time)
+        c["prompt_tokens"].append(seq.num_prompt_tokens)
+        c["output_tokens"].append(seq.num_output_tokens)
+        c["first_scheduled_s"].append(seq.first_scheduled_time)
+        c["first_token_s"].append(seq.first_token_time)
+        c["finish_s"].append(seq.finish_time)
+        c["preemptions"].append(seq.num_preemptions)
+        c["cached_prompt_tokens"].append(seq.num_cached_prompt_tokens)
+        if len(times) > 1:
+            gaps = np.diff(times)
+            c["itl_max_s"].append(float(gaps.max()))
+            self.itl_counts += np.bincount(_itl_bins(gaps), minlength=len(self.itl_counts))
+        else:
+            c["itl_max_s"].append(math.nan)
+        self._done()
+
+    def reject(self, request_id: int, arrival_s: float, prompt: int, output: int, reason: str) -> None:
+        self.rejected.append((request_id, arrival_s, prompt, output, reason))
+        self._done()
+
+    def sample(self, time_s: float, replica: int, waiting: int, running: int, kv_utilization: float,
+               batch_tokens: int, finished: int, output_tokens: int) -> None:
+        ts = self.timeseries
+        for key, value in (("time_s", time_s), ("replica", replica), ("waiting", waiting), ("running", running),
+                           ("kv_utilization", kv_utilization), ("batch_tokens", batch_tokens),
+                           ("finished", finished), ("output_tokens", output_tokens)):
+            ts[key].append(value)
+
+    # -- tables ---------------------------------------------------------------------------------
+    def requests_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.columns)
+        df["status"] = "finished"
+        df["reason"] = ""
+        if self.rejected:
+            rej = pd.DataFrame(self.rejected, columns=["request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                                                       "reason"])
+            rej["status"] = "rejected"
+            rej["replica"] = -1
+            df = pd.concat([df, rej], ignore_index=True) if len(df) else rej
+        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+        df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
+        df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+        df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+        decode_tokens = (df["output_tokens"] - 1).where(df["output_tokens"] > 1)
+        df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
+        return df
+
+    def timeseries_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.timeseries)
+
+    def itl_percentile(self, q: float) -> float:
+        total = self.itl_counts.sum()
+        if total == 0:
+            return math.nan
+        index = int(np.searchsorted(np.cumsum(self.itl_counts), q / 100.0 * total))
+        return _itl_bin_center(index)
+
+    def itl_mean(self) -> float:
+        total = self.itl_counts.sum()
+        if total == 0:
+            return math.nan
+        centers = np.array([_itl_bin_center(i) for i in range(len(self.itl_counts))])
+        return float((centers * self.itl_counts).sum() / total)
+
+
+def _itl_bins(gaps: np.ndarray) -> np.ndarray:
+    logs = np.log10(np.maximum(gaps, ITL_MIN_S) / ITL_MIN_S) * ITL_BINS_PER_DECADE
+    return np.minimum(logs.astype(np.int64) + 1, ITL_BINS_PER_DECADE * ITL_DECADES + 1)
+
+
+def _itl_bin_center(index: int) -> float:
+    if index == 0:
+        return 0.0
+    return ITL_MIN_S * 10 ** ((index - 0.5) / ITL_BINS_PER_DECADE)
+
+
+def distribution(values: pd.Series) -> dict[str, float]:
+    v = values.dropna().to_numpy(dtype=float)
+    if len(v) == 0:
+        return {"mean": math.nan, **{f"p{p}": math.nan for p in PERCENTILES}}
+    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+
+
+def slo_attainment(requests: pd.DataFrame, slos: dict[str, float], itl: Recorder | None = None) -> dict:
+    """Each SLO's measured value and whether it is met; the share of requests meeting all per-request
+    limits (goodput counts those)."""
+    finished = requests[requests["status"] == "finished"]
+    out: dict = {"targets": dict(slos), "measured": {}, "met": {}}
+    ok = pd.Series(True, index=finished.index)
+    for key, limit in slos.items():
+        metric, stat = key.split("_")
+        if metric == "itl" and itl is not None:
+            value = itl.itl_mean() if stat == "mean" else itl.itl_percentile(float(stat[1:]))
+        else:
+            series = finished[f"{metric}_s"].dropna()
+            value = float(series.mean()) if stat == "mean" else float(np.percentile(series, float(stat[1:]))) \
+                if len(series) else math.nan
+        out["measured"][key] = value
+        out["met"][key] = bool(value <= limit)
+        if metric in ("ttft", "tpot", "e2e"):
+            ok &= finished[f"{metric}_s"].fillna(0.0) <= limit
+    out["all_met"] = all(out["met"].values()) if slos else True
+    out["requests_within_slo"] = float(ok.mean()) if len(finished) else math.nan
+    out["within_slo_mask"] = ok
+    return out

@@ -1,0 +1,141 @@
+"""One serving replica as SimPy processes: the engine's own scheduler and block manager, with the
+cost model's step time in place of the model runner. No torch.
+
+Each scheduler step is one step of simulated time: schedule() (the engine's code), the step's
+time from the StepTimer, then update() with one sampled token per sampling chunk. A replica with
+pp pipeline stages runs pp virtual engines (vLLM's scheme), each with its own scheduler and a
+1/pp share of the KV blocks and sequences; a micro-batch's step time is its trip through all
+stages, and the pp engines keep the stages busy in turn.
+
+Between two arrivals at the cluster nothing outside a replica can change it, so a replica runs
+the steps that end before the next arrival in a plain loop and yields to SimPy only to cross an
+arrival (the router must see every replica as it is at that instant) or to go idle. The
+decisions and times are those of one event per step; only the event-loop overhead is saved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+from simulator.metrics import Recorder
+from simulator.step_timer import StepTimer
+from simulator.workload import Request
+
+class _SameToken(dict):
+    """request id -> sampled token: the simulator's stand-in token 0 for every request."""
+
+    def __missing__(self, request_id) -> int:
+        return 0
+
+
+SAMPLED = _SameToken()
+
+
+@dataclass
+class ArrivalClock:
+    """Time of the next arrival at the cluster (inf once the workload is exhausted)."""
+
+    next_arrival_s: float = 0.0
+
+
+@dataclass
+class _VirtualEngine:
+    scheduler: object  # engine.scheduler.Scheduler or StaticBatchScheduler
+    wakeup: simpy.Event | None = None
+    outstanding_tokens: int = 0
+    sequences: dict = field(default_factory=dict)
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
+                 recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf) -> None:
+        self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
+        self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
+        self.sample_every_s = sample_every_s
+        self._next_sample_s = 0.0
+        self.finished_requests = 0
+        self.output_tokens = 0
+        self.busy_s = 0.0
+        for engine in self.engines:
+            env.process(self._run(engine))
+
+    # -- state the router reads ---------------------------------------------------------------
+    @property
+    def outstanding_tokens(self) -> int:
+        return sum(e.outstanding_tokens for e in self.engines)
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(e.scheduler.num_unfinished for e in self.engines)
+
+    # -- arrivals -----------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
+        seq = Sequence(request.request_id, request.prompt_token_ids(),
+                       SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True),
+                       request.arrival_s)
+        try:
+            engine.scheduler.add(seq)
+        except ValueError as exc:  # can never be served here: rejected with the scheduler's reason
+            self.recorder.reject(request.request_id, request.arrival_s, request.prompt_tokens,
+                                 request.output_tokens, str(exc))
+            return
+        engine.sequences[seq.request_id] = seq
+        engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
+        if engine.wakeup is not None and not engine.wakeup.triggered:
+            engine.wakeup.succeed()
+
+    # -- the step loop --------------------------------------------------------------------------
+    def _run(self, engine: _VirtualEngine):
+        env, scheduler, timer = self.env, engine.scheduler, self.timer
+        while True:
+            if not scheduler.has_unfinished():
+                engine.wakeup = env.event()
+                yield engine.wakeup
+                engine.wakeup = None
+            now = env.now
+            while scheduler.has_unfinished():
+                out = scheduler.schedule(now)
+                if out.is_empty:
+                    break  # nothing admissible until something arrives
+                step_s = timer.step(out.chunks)
+                sampled = timer.last_sampled  # read now: the timer is shared with other replicas
+                self.busy_s += step_s
+                now += step_s
+                if now > self.clock.next_arrival_s:
+                    # This step spans an arrival: let SimPy deliver it at its time.
+                    yield env.timeout(now - env.now)
+                self._apply(engine, out, now, sampled)
+            if now > env.now:
+                yield env.timeout(now - env.now)
+            if scheduler.has_unfinished():
+                # Requests that cannot be scheduled until something changes: wait for an arrival
+                # (requests still here when the workload ends are reported as stuck).
+                engine.wakeup = env.event()
+                yield engine.wakeup
+                engine.wakeup = None
+
+    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int) -> None:
+        finished = engine.scheduler.update(out, SAMPLED, now)
+        self.output_tokens += sampled
+        for f in finished:
+            seq = engine.sequences.pop(f.request_id)
+            engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
+            self.finished_requests += 1
+            self.recorder.finish(seq, self.index)
+        if now >= self._next_sample_s:
+            self._next_sample_s = now + self.sample_every_s
+            self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines),
+                                 sum(len(e.scheduler.running) for e in self.engines), self.kv_utilization,
+                                 out.num_batched_tokens, self.finished_requests, self.output_tokens)
+
+    @property
+    def kv_utilization(self) -> float:
+        return sum(e.scheduler.block_manager.usage for e in self.engines) / len(self.engines)

@@ -1,0 +1,152 @@
+"""simulate(SimConfig, workload) -> SimResult: a fleet of replicas behind a router. No torch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+import simpy
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.scheduler import Scheduler
+from simulator.cost_model import CostModel
+from simulator.memory import MemoryPlan
+from simulator.metrics import Recorder, distribution, slo_attainment
+from simulator.replica import ArrivalClock, Replica
+from simulator.router import Router
+from simulator.sim_config import SimConfig
+from simulator.static_batching import StaticBatchScheduler
+from simulator.step_timer import StepTimer
+from simulator.workload import Workload
+
+# Time-series samples per replica over the workload's span, when no interval is set.
+DEFAULT_SAMPLES = 400
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    summary: dict
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    memory: MemoryPlan
+
+
+def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
+             progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Run the workload through config's fleet. progress(done, total) is called as requests finish."""
+    if not len(workload):
+        raise ValueError("the workload has no requests")
+    model, accelerator, plan = config.check()
+    if cost_model is None:
+        cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    max_len = config.resolved_max_model_len(model, plan)
+    pp = config.pp
+    blocks_per_engine = plan.num_blocks // pp
+    if blocks_per_engine < 1:
+        raise ValueError(f"{plan.num_blocks} KV blocks cannot be shared by pp={pp} virtual engines: use a smaller pp")
+    scheduler_config = SchedulerConfig(max_num_seqs=max(1, config.max_num_seqs // pp),
+                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill)
+    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
+
+    def make_scheduler():
+        if config.scheduler == "static":
+            return StaticBatchScheduler(scheduler_config, cache_config)
+        return Scheduler(scheduler_config, cache_config)
+
+    weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
+    timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype)
+    env = simpy.Environment()
+    clock = ArrivalClock(workload.requests[0].arrival_s)
+    recorder = Recorder()
+    span = max(workload.duration_s, 1e-3)
+    interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval) for i in range(config.replicas)]
+    router = Router(config.router, replicas)
+    total = len(workload)
+    if progress is not None:
+        recorder.on_progress(lambda done: progress(done, total), every=max(1, total // 200))
+
+    def arrivals():
+        requests = workload.requests
+        for i, request in enumerate(requests):
+            if request.arrival_s > env.now:
+                yield env.timeout(request.arrival_s - env.now)
+            clock.next_arrival_s = requests[i + 1].arrival_s if i + 1 < len(requests) else math.inf
+            router.route(request).submit(request)
+
+    env.process(arrivals())
+    env.run()
+    for replica in replicas:  # anything left could never be scheduled
+        for engine in replica.engines:
+            for seq in engine.sequences.values():
+                recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens, seq.sampling.max_tokens,
+                                "never scheduled: the replica could not fit it alongside its other requests")
+    if progress is not None:
+        progress(total, total)
+    requests = recorder.requests_frame()
+    timeseries = recorder.timeseries_frame()
+    summary = summarize(config, accelerator, cost_model, plan, timer, recorder, requests, timeseries, replicas)
+    return SimResult(config, summary, requests, timeseries, plan)
+
+
+def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, timer: StepTimer,
+              recorder: Recorder, requests: pd.DataFrame, timeseries: pd.DataFrame, replicas: list[Replica]) -> dict:
+    finished = requests[requests["status"] == "finished"]
+    rejected = requests[requests["status"] == "rejected"]
+    start = float(requests["arrival_s"].min())
+    end = float(finished["finish_s"].max()) if len(finished) else start
+    duration = max(end - start, 1e-12)
+    output_tokens = int(finished["output_tokens"].sum())
+    prompt_tokens = int(finished["prompt_tokens"].sum())
+    slo = slo_attainment(requests, config.slo, recorder)
+    within = slo.pop("within_slo_mask")
+    gpus = config.num_gpus
+    split = timer.split
+    # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
+    busy = sum(r.busy_s for r in replicas) / (config.replicas * config.pp)
+    peak = cost_model.peak_flops(config.compute_dtype)
+    usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
+    gpu_hours = gpus * duration / 3600.0
+    cost = {"usd_per_hour": usd_per_hour, "gpu_hours": gpu_hours,
+            "usd": usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None,
+            "usd_per_million_output_tokens": (usd_per_hour * duration / 3600.0 / output_tokens * 1e6
+                                              if usd_per_hour is not None and output_tokens else None),
+            "usd_per_million_tokens": (usd_per_hour * duration / 3600.0 / (output_tokens + prompt_tokens) * 1e6
+                                       if usd_per_hour is not None and output_tokens else None)}
+    kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
+    step_time_total = split.prefill_s + split.decode_s + split.communication_s + split.overhead_s
+    return {
+        "model": config.model, "hardware": config.hardware, "tp": config.tp, "pp": config.pp,
+        "replicas": config.replicas, "quant": config.quant, "kv_dtype": config.cache_dtype,
+        "scheduler": config.scheduler, "router": config.router,
+        "num_requests": int(len(requests)), "num_finished": int(len(finished)), "num_rejected": int(len(rejected)),
+        "rejections": dict(Counter(rejected["reason"])) if len(rejected) else {},
+        "duration_s": duration,
+        "throughput": {"requests_per_s": len(finished) / duration, "output_tokens_per_s": output_tokens / duration,
+                       "total_tokens_per_s": (output_tokens + prompt_tokens) / duration},
+        "goodput": {"requests_per_s": float(within.sum()) / duration,
+                    "output_tokens_per_s": float(finished.loc[within[within].index, "output_tokens"].sum()) / duration
+                    if len(finished) else 0.0},
+        "ttft_s": distribution(finished["ttft_s"]), "tpot_s": distribution(finished["tpot_s"]),
+        "itl_s": {"mean": recorder.itl_mean(), **{f"p{p}": recorder.itl_percentile(p) for p in (50, 90, 95, 99)}},
+        "e2e_s": distribution(finished["e2e_s"]), "queue_s": distribution(finished["queue_s"]),
+        "slo": slo,
+        "kv_utilization": {"mean": float(kv.mean()) if len(kv) else 0.0, "max": float(kv.max()) if len(kv) else 0.0},
+        "preemptions": int(finished["preemptions"].sum()),
+        "prefix_cache_hit_rate": float(finished["cached_prompt_tokens"].sum() / prompt_tokens) if prompt_tokens else 0.0,
+        "utilization": {"mfu": split.flops * config.tp / (gpus * peak * duration),
+                        "mbu": split.bytes_moved * config.tp / (gpus * cost_model.bandwidth * duration),
+                        "busy_fraction": busy / duration},
+        "time_split_s": {"prefill": split.prefill_s, "decode": split.decode_s,
+                         "communication": split.communication_s, "overhead": split.overhead_s,
+                         "steps": split.steps, "step_time_total": step_time_total},
+        "cost": cost,
+        "memory": plan.to_dict(),
+        "cost_model": {"source": "profile" if cost_model.profile is not None else "roofline x fitted efficiency",
+                       "profile": config.profile},
+    }

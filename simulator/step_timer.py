@@ -1,0 +1,159 @@
+"""Step times of one replica for the simulator: CostModel.step_time, composed from cached parts.
+
+A step's time is a sum of parts that each depend on a few integers (CostModel.add_*): the
+token-proportional operators on the step's token count, prefill attention on each chunk's
+(tokens, context), decode attention on (number of decodes, their total context), the LM head and
+sampling on the number of sampled rows, and the host overhead on the number of chunks. Each part
+is computed once per distinct argument and then looked up, so a simulated step costs a few dict
+lookups instead of a dozen cost-model predictions; the result equals CostModel.step_time exactly
+(a test checks it). Under pipeline parallelism a micro-batch crosses pp - 1 stage boundaries, each
+a point-to-point send of its hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from engine.scheduler import ScheduledChunk
+from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost
+from simulator.catalog.models import ModelSpec
+from simulator.efficiency import DTYPE_BYTES
+
+# Distinct arguments remembered per part before the memo starts afresh (bounds memory on long runs).
+_MEMO_LIMIT = 200_000
+
+
+@dataclass
+class TimeSplit:
+    """Where a replica's busy time went, in seconds (summed over steps)."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    communication_s: float = 0.0
+    overhead_s: float = 0.0
+    flops: float = 0.0  # per GPU
+    bytes_moved: float = 0.0  # per GPU: weights and KV read
+    steps: int = 0
+
+    def merge(self, other: "TimeSplit") -> None:
+        for name in ("prefill_s", "decode_s", "communication_s", "overhead_s", "flops", "bytes_moved", "steps"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class StepTimer:
+    cost_model: CostModel
+    model: ModelSpec
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "bf16"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    split: TimeSplit = field(default_factory=TimeSplit)
+
+    def __post_init__(self) -> None:
+        self.last_sampled = 0  # rows that sampled a token in the last step timed
+        self._tokens: dict[int, tuple[float, float]] = {}
+        self._prefill: dict[tuple[int, int], float] = {}
+        self._decode: dict[tuple[int, int], float] = {}
+        self._head: dict[int, float] = {}
+        self._overhead: dict[int, float] = {}
+        m, tp = self.model, self.tp
+        shapes = m.linear_shapes(tp)
+        per_token_linear = sum(n * k for name, (n, k) in shapes.items() if name != "lm_head") * m.num_layers
+        if m.num_experts > 1:
+            n, k = shapes["gate_up_proj"]
+            n2, k2 = shapes["down_proj"]
+            per_token_linear += (m.experts_per_token - 1) * (n * k + n2 * k2) * m.num_layers
+        self._flops_per_token = 2.0 * per_token_linear
+        self._flops_per_sample = 2.0 * shapes["lm_head"][0] * shapes["lm_head"][1]
+        self._attention_flops_per_key = 4.0 * (m.num_heads // tp) * m.head_dim * m.num_layers
+        kv_bytes = DTYPE_BYTES.get(self.kv_dtype or self.dtype, 2)
+        self._kv_bytes_per_token = 2.0 * max(m.num_kv_heads // tp, 1) * m.head_dim * kv_bytes * m.num_layers
+        self._weight_bytes = (per_token_linear + shapes["lm_head"][0] * shapes["lm_head"][1]) * WEIGHT_BYTES.get(
+            self.weight_dtype or self.dtype, 2.0)
+
+    # -- parts --------------------------------------------------------------------------------
+    def _memo(self, table: dict, key, compute):
+        value = table.get(key)
+        if value is None:
+            if len(table) >= _MEMO_LIMIT:
+                table.clear()
+            value = table[key] = compute()
+        return value
+
+    def token_ops(self, tokens: int) -> tuple[float, float]:
+        """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
+        def compute() -> tuple[float, float]:
+            cost = StepCost(0.0)
+            self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype, weight_dtype=self.weight_dtype)
+            comm = cost.by_operator.get("all_reduce", 0.0)
+            if self.pp > 1:
+                nbytes = tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
+                # A point-to-point send costs about a two-rank all-reduce of the same bytes.
+                comm += (self.pp - 1) * self.cost_model.predict_all_reduce(nbytes, 2).time_s
+            return cost.total_s - cost.by_operator.get("all_reduce", 0.0), comm
+        return self._memo(self._tokens, tokens, compute)
+
+    def prefill_attention(self, num_tokens: int, context_len: int) -> float:
+        def compute() -> float:
+            cost = StepCost(0.0)
+            self.cost_model.add_prefill_attention(cost, num_tokens, context_len, self.model, self.tp, self.dtype)
+            return cost.total_s
+        return self._memo(self._prefill, (num_tokens, context_len), compute)
+
+    def decode_attention(self, batch: int, total_context: int) -> float:
+        def compute() -> float:
+            q, r = divmod(total_context, batch)
+            cost = StepCost(0.0)
+            self.cost_model.add_decode_attention(cost, [q + 1] * r + [q] * (batch - r), self.model, self.tp, self.dtype)
+            return cost.total_s
+        return self._memo(self._decode, (batch, total_context), compute)
+
+    def head(self, sampled: int) -> float:
+        def compute() -> float:
+            cost = StepCost(0.0)
+            self.cost_model.add_head(cost, sampled, self.model, self.tp, self.dtype)
+            return cost.total_s
+        return self._memo(self._head, sampled, compute)
+
+    def overhead(self, num_chunks: int) -> float:
+        return self._memo(self._overhead, num_chunks, lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
+
+    # -- a step -------------------------------------------------------------------------------
+    def step(self, chunks: Seq[ScheduledChunk]) -> float:
+        """Seconds for the step that computes these chunks; adds it to `split`."""
+        tokens = sampled = decodes = decode_context = prefill_tokens = 0
+        prefill_s = 0.0
+        keys = prefill_context = 0
+        for _, start, n, _, samples in chunks:
+            tokens += n
+            if samples:
+                sampled += 1
+            if n == 1:
+                decodes += 1
+                decode_context += start + 1
+            else:
+                prefill_tokens += n
+                prefill_s += self.prefill_attention(n, start + n)
+                keys += n * start + n * (n + 1) // 2
+                prefill_context += start + n
+        self.last_sampled = sampled
+        if not tokens:
+            return 0.0
+        compute_s, comm_s = self.token_ops(tokens)
+        decode_s = self.decode_attention(decodes, decode_context) if decodes else 0.0
+        head_s = self.head(sampled) if sampled else 0.0
+        overhead_s = self.overhead(len(chunks))
+        split = self.split
+        prefill_share = prefill_tokens / tokens
+        split.prefill_s += prefill_s + (compute_s + head_s) * prefill_share
+        split.decode_s += decode_s + (compute_s + head_s) * (1.0 - prefill_share)
+        split.communication_s += comm_s
+        split.overhead_s += overhead_s
+        split.flops += (self._flops_per_token * tokens + self._flops_per_sample * sampled
+                        + self._attention_flops_per_key * (keys + decode_context))
+        split.bytes_moved += self._weight_bytes + self._kv_bytes_per_token * (decode_context + prefill_context)
+        split.steps += 1
+        return compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s
