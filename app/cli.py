@@ -150,6 +150,8 @@ def profile(
     max_batched_tokens: int = typer.Option(512, help="largest token count profiled for GEMMs and elementwise ops"),
     quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
     tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice); "
+                                                     "recorded in the profile's fingerprint"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
 ) -> None:
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
@@ -164,6 +166,12 @@ def profile(
             raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
         if max_batched_tokens < 1:
             raise ValueError("--max-batched-tokens must be positive")
+        if threads is not None:
+            if threads < 1:
+                raise ValueError("--threads must be at least 1")
+            import torch
+
+            torch.set_num_threads(threads)
         grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens)
         profiler = Profiler(config, device=device, dtype=dtype, grid=grid, tp=tp)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -269,6 +277,17 @@ def import_vidur(
     except ValueError as exc:
         fail(str(exc))
     Console().print(f"{len(result.measurements)} measurements of {result.hardware} written to {out}")
+
+
+def _register() -> None:
+    from app.simulate_command import simulate_command
+    from app.validate_command import validate_command
+
+    app.command("simulate")(simulate_command)
+    app.command("validate")(validate_command)
+
+
+_register()
 
 
 def main() -> None:

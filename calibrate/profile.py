@@ -10,6 +10,8 @@ Random weights: timing does not depend on their values.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import platform
 import statistics
@@ -33,7 +35,12 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from simulator.catalog.hardware import canonical_dtype
-from simulator.profile import Measurement, Profile
+from simulator.profile import Measurement, Profile, forward_contexts
+
+
+# Weight rotation of GEMM timings (Profiler._weight_copies): enough bytes to leave every cache.
+ROTATION_BYTES = 256 * 2**20
+MAX_WEIGHT_COPIES = 64
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,10 @@ class ProfileGrid:
     block_size: int = 16
     min_repeats: int = 7
     min_seconds: float = 0.03
+    # Whole model-runner steps at these depths (capped at the model's): two depths separate
+    # per-layer from per-step overhead, and the deeper one reads as many weights per step as the
+    # model does where that is small enough to matter (caches).
+    forward_layers: tuple[int, ...] = (1, 4)
     # Each group of points (one operator) is measured in this many interleaved passes and each
     # point keeps the median of its pass medians, so slow drifts of a shared machine average out.
     passes: int = 3
@@ -70,7 +81,7 @@ class ProfileGrid:
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
                    decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
-                   attention_groups=())
+                   attention_groups=(), forward_layers=(1, 2))
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
@@ -179,6 +190,26 @@ class Profiler:
         for batch in g.decode_batch:
             plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
             plan.append(("step_overhead", dict(batch=batch)))
+        arch = dict(hidden=c.hidden_size, ffn=c.intermediate_size, num_heads=c.num_heads,
+                    num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, vocab=c.vocab_size, block_size=g.block_size,
+                    dtype=d)
+        for layers in sorted({min(n, c.num_layers) for n in g.forward_layers}):
+            none = dict(extra_q=0, extra_kv=0)
+            for batch in g.decode_batch:
+                for kv in g.decode_kv:
+                    plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=kv, spread=0, **none,
+                                                 **arch)))
+                    if batch > 1 and kv > g.decode_kv[0]:
+                        plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=kv, spread=1, **none,
+                                                     **arch)))
+            for q in g.prefill_q:
+                for mult in (1, 2):
+                    plan.append(("forward", dict(layers=layers, batch=1, q_len=q, kv_len=q * mult, spread=0, **none,
+                                                 **arch)))
+                # A prefill chunk among decodes, as chunked prefill schedules them.
+                for batch in g.decode_batch[1:3]:
+                    plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=g.decode_kv[-2], spread=1,
+                                                 extra_q=q, extra_kv=2 * q, **arch)))
         if self.tp > 1:
             # The all-reduce after attention and after the MLP of every layer: tokens x hidden.
             element = self.torch_dtype.itemsize
@@ -252,17 +283,29 @@ class Profiler:
     def _measure(self, op: str, p: dict) -> float:
         return median_time(next(self._callables(op, p)), self.grid, self.sync)
 
+    def _weight_copies(self, weight_elements: int) -> int:
+        """Copies of a GEMM's weights to rotate through while timing it. In a forward pass every
+        weight is read once per step, after the rest of the model has been through the caches; one
+        weight timed over and over would sit in cache and time faster than the engine ever runs it.
+        Rotating over as many bytes as the whole model (up to ROTATION_BYTES) reproduces that."""
+        element = self.torch_dtype.itemsize
+        model_bytes = min(self.model.num_parameters() * element, ROTATION_BYTES)
+        return max(1, min(MAX_WEIGHT_COPIES, math.ceil(model_bytes / (weight_elements * element))))
+
     def _tensor(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=self.device, dtype=self.torch_dtype)
 
     def _callables(self, op: str, p: dict) -> Iterator[Callable[[], object]]:
         c = self.model
         if op == "gemm":
-            layer = Linear(p["k"], p["n"], bias=False).to(self.device, self.torch_dtype)
+            layers = [Linear(p["k"], p["n"], bias=False).to(self.device, self.torch_dtype)
+                      for _ in range(self._weight_copies(p["n"] * p["k"]))]
             if self.device.type == "cpu":
-                layer.pack_for_cpu()
+                for layer in layers:
+                    layer.pack_for_cpu()
             x = self._tensor(p["m"], p["k"])
-            yield lambda: layer(x)
+            turn = itertools.cycle(layers)
+            yield lambda: next(turn)(x)
         elif op in ("attention_prefill", "attention_decode"):
             yield self._attention(op, p)
         elif op == "kv_write":
@@ -277,6 +320,8 @@ class Profiler:
             yield lambda: sample(logits, params, [None] * p["batch"])
         elif op == "step_overhead":
             yield self._step_overhead(p["batch"])
+        elif op == "forward":
+            yield self._forward(p)
         else:
             raise ValueError(f"cannot profile op {op!r}")
 
@@ -330,8 +375,43 @@ class Profiler:
             return lambda: x + y
         raise ValueError(f"cannot profile elementwise op {name!r}")
 
+    def _forward(self, p: dict) -> Callable[[], object]:
+        """The model runner's step (input preparation, forward, LM head, sampling) over `batch`
+        sequences computing q_len tokens each at context kv_len (and one computing extra_q at
+        extra_kv), on a model of p["layers"] layers."""
+        from dataclasses import replace
+
+        from engine.model import DecoderModel
+        from engine.runner import ModelRunner
+        from engine.scheduler import ScheduledChunk, SchedulerOutput
+
+        bs = self.grid.block_size
+        config = replace(self.model, num_layers=p["layers"])
+        per_seq = -(-max(p["kv_len"], p["extra_kv"]) // bs)
+        sequences = [(p["q_len"], kv) for kv in forward_contexts(p)] + (
+            [(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
+        cache_config = CacheConfig(bs, per_seq * len(sequences))
+        model = DecoderModel(config, per_seq * bs)
+        model.init_random(0)
+        model = model.to(device=self.device, dtype=self.torch_dtype).eval()
+        model.rotary.to(device=self.device, dtype=torch.float32)
+        if self.device.type == "cpu":
+            model.pack_linears_for_cpu()
+        runner = ModelRunner(model, config, cache_config, self.device, self.torch_dtype)
+        requests, chunks = {}, []
+        greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+        for i, (q_len, kv_len) in enumerate(sequences):
+            seq = Sequence(str(i), [1 + (i + t) % 100 for t in range(kv_len)], greedy, 0.0)
+            seq.block_table = list(range(i * per_seq, (i + 1) * per_seq))
+            seq.num_computed_tokens = kv_len - q_len
+            requests[seq.request_id] = seq
+            chunks.append(ScheduledChunk(seq.request_id, kv_len - q_len, q_len, q_len > 1, True))
+        out = SchedulerOutput(chunks)
+        return lambda: runner.execute(out, requests, {})
+
     def _step_overhead(self, batch: int) -> Callable[[], object]:
-        """Scheduling + input preparation of one decode step of `batch` running requests (no model)."""
+        """Scheduling of one decode step of `batch` running requests: schedule() and update() (input
+        preparation belongs to the forward op, which times the model runner)."""
         bs = self.grid.block_size
         scheduler = Scheduler(SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch, 512),
                                               max_model_len=4096),
@@ -344,7 +424,6 @@ class Profiler:
 
         def step() -> None:
             out = scheduler.schedule()
-            prepare_step(out, scheduler.requests, bs, windows, self.device)
             scheduler.update(out, {ch.request_id: 1 for ch in out.chunks if ch.samples}, 0.0)
 
         return step

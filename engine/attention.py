@@ -12,12 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.decode_groups import DECODE_PAD_TOKENS, decode_groups  # noqa: F401  (re-exported)
 from engine.kv_cache import KVCache
-
-# Decodes are sorted by context length and cut into padded batches: a new batch starts when
-# padding the current one to the next sequence's length would add more than this many key
-# positions, about what one more gather + attention call costs on a CPU.
-DECODE_PAD_TOKENS = 512
 
 
 @dataclass
@@ -61,7 +57,7 @@ def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], b
             meta.prefills.append(PrefillSlice(begin, begin + num_tokens, start,
                                               torch.tensor(table, dtype=torch.long, device=device)))
         begin += num_tokens
-    for group in _decode_groups(sorted(decodes, key=lambda d: d[0]), block_size):
+    for group in decode_groups(sorted(decodes, key=lambda d: d[0]), lambda d: d[0], block_size):
         width = -(-group[-1][0] // block_size)  # the longest context sets the padded width
         blocks = [b for _, _, table in group for b in (table[:width] + [0] * (width - len(table[:width])))]
         batch = DecodeBatch(torch.tensor([row for _, row, _ in group], dtype=torch.long, device=device),
@@ -86,20 +82,6 @@ def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], b
                 valid &= keys > q_pos - window
             p.masks[window] = valid
     return meta
-
-
-def _decode_groups(decodes: list[tuple[int, int, list[int]]], block_size: int):
-    group: list[tuple[int, int, list[int]]] = []
-    width = 0
-    for d in decodes:
-        new_width = -(-d[0] // block_size)
-        if group and len(group) * (new_width - width) * block_size > DECODE_PAD_TOKENS:
-            yield group
-            group = []
-        group.append(d)
-        width = new_width
-    if group:
-        yield group
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,

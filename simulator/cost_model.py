@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from engine.decode_groups import padded_decode_batches
 from simulator.catalog.hardware import Accelerator, canonical_dtype, get_accelerator
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import (
@@ -35,12 +38,15 @@ from simulator.efficiency import (
     kv_write_work,
     prefill_attention_work,
 )
-from simulator.profile import Measurement, Profile
+from simulator.profile import Measurement, Profile, forward_contexts
 
 # Bytes per stored weight (int4: packed nibbles plus a 16-bit scale and zero point per group of 128).
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
 
 PARAMS_FILE = Path(__file__).parent / "catalog" / "efficiency.json"
+FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_prefill_s", "step_per_group_s",
+                   "step_per_token_s", "layer_s", "layer_per_chunk_s", "layer_per_prefill_s", "layer_per_group_s",
+                   "layer_per_token_s")
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
 
@@ -185,6 +191,9 @@ class CostModel:
             self._bandwidth_envelope.insert(0, (size, best))
         # All-reduce model (fitted on measured collectives, calibrate/fit.py); defaults are a guess.
         self.collective: dict[str, float] = {"base_s": 20e-6, "per_hop_s": 2e-6, "link_efficiency": 0.5}
+        self.framework: dict[str, float] = {}  # FRAMEWORK_TERMS, fitted by fit_framework
+        # A profile of servecast's own engine: its attention pads decodes in groups (engine/decode_groups.py).
+        self.pads_decodes = profile is not None and profile.source.startswith("servecast")
         if profile is not None:
             self._index(profile)
 
@@ -219,6 +228,7 @@ class CostModel:
         model.collective = shipped.get("all_reduce", model.collective)
         if profile is not None:
             model.fit_to(profile)
+            model.fit_framework(profile)
         return model
 
     def _index(self, profile: Profile) -> None:
@@ -413,22 +423,64 @@ class CostModel:
         # well-pipelined engine, so it counts as zero there.
         return self._lookup(("step_overhead",), batch, lambda: Prediction(0.0, "extrapolated", 0.0))
 
+    def predict_framework(self, num_chunks: int, tokens: int, layers: int, operators_s: float = 0.0,
+                          prefill_chunks: int = 0, decode_groups: int = 0) -> Prediction:
+        """What a whole step costs beyond the sum of its operators (operators_s): input
+        preparation, Python and framework dispatch per layer and per step, and the operators'
+        in-situ speed relative to their isolated timings (operator_scale). Zero without
+        whole-forward measurements."""
+        f = self.framework
+        if not f:
+            return Prediction(0.0, "extrapolated", 0.0)
+        t = (f["operator_scale"] - 1.0) * operators_s + framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens,
+                                                                         layers)
+        return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
+
+    def fit_framework(self, profile: Profile) -> None:
+        """Non-negative least squares of measured whole forwards on the sum of their operators'
+        predictions (scaled) plus per-step and per-layer terms in chunks and tokens."""
+        from scipy.optimize import nnls
+
+        rows, measured = [], []
+        for m in profile.of("forward"):
+            p = dict(m.params)
+            spec = ModelSpec(name="profiled", model_type="llama", num_layers=p["layers"], hidden_size=p["hidden"],
+                             intermediate_size=p["ffn"], num_heads=p["num_heads"], num_kv_heads=p["num_kv_heads"],
+                             head_dim=p["head_dim"], vocab_size=p["vocab"], max_position_embeddings=p["kv_len"])
+            step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
+                [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
+            ops = self.step_time(step, spec, 1, p["dtype"], include_host=False, block_size=p["block_size"]).total_s
+            chunks, tokens, layers = len(step), sum(c.num_tokens for c in step), p["layers"]
+            prefills = sum(1 for c in step if c.num_tokens > 1)
+            groups = decode_group_count(step, p["block_size"])
+            features = [1.0, chunks, prefills, groups, tokens]
+            rows.append([ops, *features, *(layers * x for x in features)])
+            measured.append(m.time_s)
+        if len(rows) < 2 * len(FRAMEWORK_TERMS):
+            return
+        coefficients, _ = nnls(np.array(rows), np.array(measured))
+        self.framework = dict(zip(FRAMEWORK_TERMS, (float(c) for c in coefficients)))
+
     def predict(self, op: str, **params) -> Prediction:
         """Any operator by its profile name and keys (as in simulator/profile.py)."""
         methods = {"gemm": self.predict_gemm, "attention_prefill": self.predict_attention_prefill,
                    "attention_decode": self.predict_attention_decode, "elementwise": self.predict_elementwise,
                    "kv_write": self.predict_kv_write, "sample": self.predict_sample,
-                   "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead}
+                   "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead,
+                   "framework": self.predict_framework}
         if op not in methods:
             raise ValueError(f"unknown operator {op!r}; known: {', '.join(methods)}")
         return methods[op](**params)
 
     # -- a whole step -------------------------------------------------------------------------
-    def step_time(self, chunks: Sequence[Chunk], model: ModelSpec, tp: int = 1, dtype: str = "bf16") -> StepCost:
+    def step_time(self, chunks: Sequence[Chunk], model: ModelSpec, tp: int = 1, dtype: str = "bf16",
+                  include_host: bool = True, block_size: int | None = None) -> StepCost:
         """Time of one engine step computing the given chunks: every layer's GEMMs over all tokens,
         attention per chunk (prefill chunks one by one, decodes batched), KV writes, norms, rotary,
         activation and residual adds, the LM head and sampling for the sampled rows, all-reduces
-        under TP, and the host-side step overhead."""
+        under TP (decodes in the engine's padded batches where block_size is given and the profile
+        is of servecast's engine), and (include_host) the scheduler's overhead and the framework overhead that the
+        operators leave out (fitted on whole-forward measurements where the profile has them)."""
         cost = StepCost(0.0)
         if not chunks:
             return cost
@@ -438,9 +490,14 @@ class CostModel:
                 self.add_prefill_attention(cost, c.num_tokens, c.context_len, model, tp, dtype)
         decodes = [c.context_len for c in chunks if c.num_tokens == 1]
         if decodes:
-            self.add_decode_attention(cost, decodes, model, tp, dtype)
+            self.add_decode_attention(cost, decodes, model, tp, dtype, block_size=block_size)
         self.add_head(cost, sum(1 for c in chunks if c.samples), model, tp, dtype)
-        cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
+        if include_host:
+            operators_s = cost.total_s
+            cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
+            cost.add("framework", self.predict_framework(
+                len(chunks), sum(c.num_tokens for c in chunks), model.num_layers, operators_s,
+                sum(1 for c in chunks if c.num_tokens > 1), decode_group_count(chunks, block_size)))
         return cost
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.
@@ -479,11 +536,19 @@ class CostModel:
             model.num_layers if layers is None else layers)
 
     def add_decode_attention(self, cost: StepCost, context_lens: Sequence[int], model: ModelSpec, tp: int, dtype: str,
-                             layers: int | None = None) -> None:
+                             layers: int | None = None, block_size: int | None = None) -> None:
+        """Decode attention of one step. On a device profiled with servecast's engine, given the
+        block size, decodes are attended as the engine does it: in padded batches of similar
+        context (engine/decode_groups.py); elsewhere as one batch of exact lengths (paged kernels)."""
         heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        layers = model.num_layers if layers is None else layers
+        if block_size is not None and self.pads_decodes:
+            for batch, padded in padded_decode_batches(context_lens, block_size):
+                cost.add("attention_decode", self.predict_attention_decode(
+                    batch, padded, heads, kv_heads, model.head_dim, dtype), layers)
+            return
         cost.add("attention_decode", self.predict_attention_decode(
-            len(context_lens), context_lens, heads, kv_heads, model.head_dim, dtype),
-            model.num_layers if layers is None else layers)
+            len(context_lens), context_lens, heads, kv_heads, model.head_dim, dtype), layers)
 
     def add_head(self, cost: StepCost, sampled: int, model: ModelSpec, tp: int, dtype: str) -> None:
         """The LM head and sampling over the rows that sample a token."""
@@ -491,6 +556,23 @@ class CostModel:
             n, k = model.linear_shapes(tp)["lm_head"]
             cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
             cost.add("sample", self.predict_sample(sampled, model.vocab_size, dtype))
+
+
+def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,
+                       layers: int) -> float:
+    """The additive terms of CostModel.framework (per step, and per layer)."""
+    return (f["step_s"] + f["step_per_chunk_s"] * num_chunks + f["step_per_prefill_s"] * prefill_chunks
+            + f["step_per_group_s"] * decode_groups + f["step_per_token_s"] * tokens
+            + layers * (f["layer_s"] + f["layer_per_chunk_s"] * num_chunks + f["layer_per_prefill_s"] * prefill_chunks
+                        + f["layer_per_group_s"] * decode_groups + f["layer_per_token_s"] * tokens))
+
+
+def decode_group_count(chunks: Sequence[Chunk], block_size: int | None) -> int:
+    """Attention calls the engine makes for the step's decodes (engine/decode_groups.py)."""
+    decodes = [c.context_len for c in chunks if c.num_tokens == 1]
+    if not decodes:
+        return 0
+    return len(padded_decode_batches(decodes, block_size)) if block_size else 1
 
 
 def _series_key(m: Measurement) -> tuple[tuple | None, int]:

@@ -19,7 +19,15 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
   elementwise        name (rms_norm, rope, swiglu, add, ...), tokens, width (features the op
                      reads per token: hidden for norms and adds, q+k for rope, FFN for swiglu), dtype
   sample             batch, vocab
-  step_overhead      batch (host-side scheduling and input preparation per engine step)
+  step_overhead      batch (host-side scheduling per engine step: schedule() and update())
+  forward            layers, batch, q_len, kv_len, extra_q, extra_kv, hidden, ffn, num_heads,
+                     num_kv_heads, head_dim, vocab, block_size, dtype: one whole model-runner step
+                     (input preparation, forward, LM head, sampling) of a model of that shape and
+                     depth, over `batch` sequences that each compute q_len tokens at context kv_len
+                     (spread = 1: contexts spread evenly from kv_len / 8 to kv_len, as in a real
+                     batch, which the engine attends in several padded groups), plus (extra_q > 0) one more sequence computing extra_q tokens at context extra_kv
+                     (a prefill chunk among decodes). The cost model fits what the
+                     operators above leave out (framework overhead per step and per layer) on these
   all_reduce         nbytes, world
   send_recv          nbytes
 
@@ -38,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Keys that may be 0 (all others must be positive), with their value when a line omits them.
+ZERO_KEYS = {"extra_q": 0, "extra_kv": 0, "spread": 0}
 FORMAT = "servecast-profile"
 VERSION = 1
 
@@ -49,6 +59,8 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "elementwise": ("name", "tokens", "width", "dtype"),
     "sample": ("batch", "vocab"),
     "step_overhead": ("batch",),
+    "forward": ("layers", "batch", "q_len", "kv_len", "spread", "extra_q", "extra_kv", "hidden", "ffn", "num_heads",
+                "num_kv_heads", "head_dim", "vocab", "block_size", "dtype"),
     "all_reduce": ("nbytes", "world"),
     "send_recv": ("nbytes",),
 }
@@ -89,7 +101,7 @@ class Measurement:
         op = raw.get("op")
         if op not in OP_KEYS:
             raise ValueError(f"{where}: unknown op {op!r}; known: {', '.join(OP_KEYS)}")
-        missing = [k for k in (*OP_KEYS[op], "time_s") if k not in raw]
+        missing = [k for k in (*OP_KEYS[op], "time_s") if k not in raw and k not in ZERO_KEYS]
         if missing:
             raise ValueError(f"{where}: {op} measurement lacks {', '.join(missing)}")
         time_s = raw["time_s"]
@@ -97,10 +109,12 @@ class Measurement:
             raise ValueError(f"{where}: time_s must be a positive finite number of seconds, got {time_s!r}")
         params = []
         for k in OP_KEYS[op]:
-            value = raw[k]
+            value = raw.get(k, ZERO_KEYS.get(k))
             if k not in ("dtype", "name"):
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                    raise ValueError(f"{where}: {k} must be a positive number, got {value!r}")
+                smallest = 0 if k in ZERO_KEYS else 1e-300
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or value < smallest:
+                    what = "a non-negative" if k in ZERO_KEYS else "a positive"
+                    raise ValueError(f"{where}: {k} must be {what} number, got {value!r}")
                 value = int(value)
             params.append((k, value))
         name = raw.get("name") if op != "elementwise" else None
@@ -183,3 +197,12 @@ class Profile:
         if not profile.measurements:
             raise ValueError(f"{path} holds no measurements")
         return profile
+
+
+def forward_contexts(params: dict) -> list[int]:
+    """Context lengths of the `batch` uniform sequences of a forward measurement."""
+    batch, kv = params["batch"], params["kv_len"]
+    if not params.get("spread") or batch == 1:
+        return [kv] * batch
+    low = max(params["q_len"], kv // 8)
+    return [round(low + (kv - low) * i / (batch - 1)) for i in range(batch)]

@@ -59,7 +59,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
         return Scheduler(scheduler_config, cache_config)
 
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
-    timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype)
+    timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
+                      config.block_size)
     env = simpy.Environment()
     clock = ArrivalClock(workload.requests[0].arrival_s)
     recorder = Recorder()

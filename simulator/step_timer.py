@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
-from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost
+from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost, framework_overhead
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import DTYPE_BYTES
 
@@ -50,10 +51,14 @@ class StepTimer:
     dtype: str = "bf16"
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    block_size: int = 16
     split: TimeSplit = field(default_factory=TimeSplit)
 
     def __post_init__(self) -> None:
         self.last_sampled = 0  # rows that sampled a token in the last step timed
+        self._layers = self.model.num_layers
+        self._pads = self.cost_model.pads_decodes
+        self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
         self._tokens: dict[int, tuple[float, float]] = {}
         self._prefill: dict[tuple[int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
@@ -103,6 +108,20 @@ class StepTimer:
             return cost.total_s
         return self._memo(self._prefill, (num_tokens, context_len), compute)
 
+    def padded_decode_attention(self, context_lens: list[int]) -> tuple[float, int]:
+        """The engine's padded decode batches (profiled engine devices: CostModel.pads_decodes):
+        (seconds, number of attention calls)."""
+        total = 0.0
+        groups = padded_decode_batches(context_lens, self.block_size)
+        for batch, padded in groups:
+            total += self._memo(self._decode, (batch, -padded), lambda b=batch, p=padded: self._decode_group(b, p))
+        return total, len(groups)
+
+    def _decode_group(self, batch: int, padded: int) -> float:
+        cost = StepCost(0.0)
+        self.cost_model.add_decode_attention(cost, [padded] * batch, self.model, self.tp, self.dtype)
+        return cost.total_s
+
     def decode_attention(self, batch: int, total_context: int) -> float:
         def compute() -> float:
             q, r = divmod(total_context, batch)
@@ -118,8 +137,13 @@ class StepTimer:
             return cost.total_s
         return self._memo(self._head, sampled, compute)
 
-    def overhead(self, num_chunks: int) -> float:
-        return self._memo(self._overhead, num_chunks, lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
+    def overhead(self, num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int) -> float:
+        """Host-side time: the scheduler's, and the framework's per-step and per-layer overhead
+        (the additive terms of CostModel.predict_framework)."""
+        f = self.cost_model.framework
+        framework = framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens, self._layers) if f else 0.0
+        return framework + self._memo(self._overhead, num_chunks,
+                                      lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
 
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
@@ -127,6 +151,8 @@ class StepTimer:
         tokens = sampled = decodes = decode_context = prefill_tokens = 0
         prefill_s = 0.0
         keys = prefill_context = 0
+        padded = self._pads
+        contexts: list[int] = []
         for _, start, n, _, samples in chunks:
             tokens += n
             if samples:
@@ -134,6 +160,8 @@ class StepTimer:
             if n == 1:
                 decodes += 1
                 decode_context += start + 1
+                if padded:
+                    contexts.append(start + 1)
             else:
                 prefill_tokens += n
                 prefill_s += self.prefill_attention(n, start + n)
@@ -143,9 +171,19 @@ class StepTimer:
         if not tokens:
             return 0.0
         compute_s, comm_s = self.token_ops(tokens)
-        decode_s = self.decode_attention(decodes, decode_context) if decodes else 0.0
+        groups = 1 if decodes else 0
+        if not decodes:
+            decode_s = 0.0
+        elif padded:
+            decode_s, groups = self.padded_decode_attention(contexts)
+        else:
+            decode_s = self.decode_attention(decodes, decode_context)
         head_s = self.head(sampled) if sampled else 0.0
-        overhead_s = self.overhead(len(chunks))
+        if self._operator_scale != 1.0:  # operators in situ vs timed alone (CostModel.fit_framework)
+            scale = self._operator_scale
+            compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
+                                                              decode_s * scale, head_s * scale)
+        overhead_s = self.overhead(len(chunks), len(chunks) - decodes, groups, tokens)
         split = self.split
         prefill_share = prefill_tokens / tokens
         split.prefill_s += prefill_s + (compute_s + head_s) * prefill_share

@@ -1,0 +1,71 @@
+"""Self-contained HTML reports with plotly charts (plotly.js embedded once: no network to view)."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queueing delay"))
+
+
+def latency_cdfs(requests: pd.DataFrame, label: str = "") -> go.Figure:
+    fig = make_subplots(rows=1, cols=len(LATENCIES), subplot_titles=[name for _, name in LATENCIES])
+    for i, (column, name) in enumerate(LATENCIES, start=1):
+        values = np.sort(requests[column].dropna().to_numpy(dtype=float))
+        if len(values):
+            fig.add_trace(go.Scatter(x=values, y=np.arange(1, len(values) + 1) / len(values), mode="lines",
+                                     name=f"{name} {label}".strip(), showlegend=False), row=1, col=i)
+        fig.update_xaxes(title_text="seconds", row=1, col=i)
+    fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
+    fig.update_layout(title="Latency CDFs", height=360)
+    return fig
+
+
+def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
+    panels = (("waiting", "queue length"), ("running", "running batch"), ("kv_utilization", "KV-cache utilization"),
+              ("throughput", "output tokens/s"))
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[t for _, t in panels])
+    for replica, ts in timeseries.groupby("replica"):
+        ts = ts.sort_values("time_s")
+        dt = ts["time_s"].diff()
+        ts = ts.assign(throughput=(ts["output_tokens"].diff() / dt).where(dt > 0))
+        for row, (column, _) in enumerate(panels, start=1):
+            fig.add_trace(go.Scatter(x=ts["time_s"], y=ts[column], mode="lines", name=f"replica {replica}",
+                                     legendgroup=str(replica), showlegend=row == 1), row=row, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=len(panels), col=1)
+    fig.update_layout(title="Over time", height=820)
+    return fig
+
+
+def ttft_vs_prompt(requests: pd.DataFrame) -> go.Figure:
+    finished = requests[requests["status"] == "finished"]
+    fig = go.Figure(go.Scattergl(x=finished["prompt_tokens"], y=finished["ttft_s"], mode="markers",
+                                 marker=dict(size=4, opacity=0.5), name="requests"))
+    fig.update_layout(title="TTFT vs prompt length", xaxis_title="prompt tokens", yaxis_title="TTFT (s)", height=380)
+    return fig
+
+
+def write_report(path: Path, title: str, summary: dict, figures: list[go.Figure], notes: str = "") -> None:
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if notes:
+        parts.append(f"<p>{html.escape(notes)}</p>")
+    for i, fig in enumerate(figures):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    parts.append("<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=2, default=str)) + "</pre>")
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
+                    "</title></head><body style='font-family:sans-serif;max-width:1200px;margin:auto'>" +
+                    "\n".join(parts) + "</body></html>")
+
+
+def simulation_report(path: Path, result) -> None:
+    s = result.summary
+    title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} (tp={s['tp']}, pp={s['pp']}, "
+             f"{s['quant']})")
+    write_report(path, title, s, [latency_cdfs(result.requests), timeseries_figure(result.timeseries),
+                                  ttft_vs_prompt(result.requests)])

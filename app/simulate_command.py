@@ -1,0 +1,152 @@
+"""`servecast simulate`: one fleet configuration on one workload."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A pydantic error as one line naming the field(s) and what is wrong."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"--{field.replace('_', '-')}: {err['msg']}" if err["loc"] else err["msg"])
+    return "; ".join(parts)
+
+
+def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console):
+    from simulator.run import simulate
+    from simulator.synthetic import load_workload
+
+    workload = load_workload(trace, seed=config.seed, rate_scale=rate_scale)
+    for line in workload.skipped[:5]:
+        console.print(f"skipped bad row {line}")
+    if len(workload.skipped) > 5:
+        console.print(f"... {len(workload.skipped) - 5} more bad rows skipped")
+    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=as_json) as progress:
+        task = progress.add_task("simulate", total=len(workload))
+        return simulate(config, workload, progress=lambda done, total: progress.update(task, completed=done))
+
+
+def write_outputs(out: Path, result) -> None:
+    from app.html_report import simulation_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(dumps(result.summary))
+    result.requests.to_parquet(out / "requests.parquet", index=False)
+    result.timeseries.to_parquet(out / "timeseries.parquet", index=False)
+    simulation_report(out / "report.html", result)
+
+
+def jsonable(value):
+    """Summary values as valid JSON: NaN / inf become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(summary: dict) -> str:
+    return json.dumps(jsonable(summary), indent=2, allow_nan=False)
+
+
+def print_summary(summary: dict) -> None:
+    out = Console(width=max(Console().width, 100))
+    ms = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f}"  # noqa: E731
+    table = Table(title=f"{summary['model']} on {summary['replicas']} x {summary['hardware']} "
+                        f"(tp={summary['tp']}, pp={summary['pp']}, {summary['quant']}, {summary['scheduler']} batching)")
+    for column in ("latency (ms)", "mean", "p50", "p90", "p95", "p99"):
+        table.add_column(column, justify="right")
+    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                      ("queue_s", "queueing")):
+        d = summary[key]
+        table.add_row(name, *(ms(d[k]) for k in ("mean", "p50", "p90", "p95", "p99")))
+    out.print(table)
+    t, c, u = summary["throughput"], summary["cost"], summary["utilization"]
+    out.print(f"{summary['num_finished']}/{summary['num_requests']} requests finished "
+              f"({summary['num_rejected']} rejected) in {summary['duration_s']:.1f} simulated s: "
+              f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} output tok/s, "
+              f"{t['total_tokens_per_s']:,.0f} total tok/s")
+    out.print(f"KV cache: mean {summary['kv_utilization']['mean']:.0%}, max {summary['kv_utilization']['max']:.0%} | "
+              f"preemptions {summary['preemptions']} | prefix-cache hit rate {summary['prefix_cache_hit_rate']:.1%} | "
+              f"MFU {u['mfu']:.1%}, MBU {u['mbu']:.1%}, busy {u['busy_fraction']:.0%}")
+    if c["usd_per_hour"] is not None:
+        per_m = c["usd_per_million_output_tokens"]
+        out.print(f"cost: ${c['usd_per_hour']:.2f}/hour, {c['gpu_hours']:.2f} GPU-hours, "
+                  f"${per_m:.3f} per million output tokens" if per_m is not None else "")
+    slo = summary["slo"]
+    if slo["targets"]:
+        verdict = ", ".join(f"{k} {ms(slo['measured'][k])} ms {'<=' if slo['met'][k] else '>'} "
+                            f"{ms(v)} ms" for k, v in slo["targets"].items())
+        out.print(f"SLOs {'met' if slo['all_met'] else 'NOT met'}: {verdict}; "
+                  f"{slo['requests_within_slo']:.1%} of requests within all; goodput "
+                  f"{summary['goodput']['requests_per_s']:.2f} req/s")
+    for reason, count in list(summary["rejections"].items())[:3]:
+        out.print(f"rejected {count}: {reason}")
+
+
+def simulate_command(
+    model: str = typer.Option(..., help="catalog model id (llama-3.1-8b, ...) or an HF config.json path"),
+    hardware: str = typer.Option(..., help="catalog hardware id (a100-80gb, h100-sxm, ...) or cpu-local with --profile"),
+    trace: str = typer.Option(..., help="trace file (Azure/Vidur CSV, Mooncake JSONL, lengths CSV,rate=R) or "
+                                        "synthetic:num=N,input=I,output=O,rate=R"),
+    tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
+    quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
+    kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),
+    block_size: int = typer.Option(16), max_num_seqs: int = typer.Option(256),
+    max_num_batched_tokens: int = typer.Option(8192), max_model_len: Optional[int] = typer.Option(None),
+    gpu_memory_utilization: float = typer.Option(0.9),
+    num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks per replica instead of planning memory"),
+    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
+    scheduler: str = typer.Option("continuous", help="continuous or static batching"),
+    router: str = typer.Option("round_robin", help="round_robin, least_outstanding_tokens, prefix_affinity"),
+    slo: str = typer.Option("", help="e.g. ttft_p99=2s,tpot_p99=100ms"),
+    rate_scale: float = typer.Option(1.0, help="multiply the trace's arrival rate"),
+    profile: Optional[Path] = typer.Option(None, help="a servecast profile of the hardware (for *-local devices)"),
+    hardware_file: Optional[Path] = typer.Option(None, help="YAML with extra accelerators"),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
+    out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
+) -> None:
+    """Simulate a serving fleet on a trace: latencies, throughput, SLOs, utilization and cost."""
+    from app.cli import console, fail
+    from simulator.sim_config import SimConfig
+
+    try:
+        config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,
+                           kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                           gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
+                           enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,
+                           scheduler=scheduler, router=router, slo=slo, seed=seed,
+                           profile=str(profile) if profile else None,
+                           hardware_file=str(hardware_file) if hardware_file else None)
+        result = run_simulation(config, trace, rate_scale, as_json, console)
+    except ValidationError as exc:
+        fail(validation_message(exc))
+    except ValueError as exc:
+        fail(str(exc))
+    if out is not None:
+        write_outputs(out, result)
+    if as_json:
+        typer.echo(dumps(result.summary))
+        return
+    print_summary(result.summary)
+    if out is not None:
+        Console().print(f"wrote {out}/summary.json, requests.parquet, timeseries.parquet, report.html")

@@ -1,0 +1,115 @@
+"""`servecast validate`: the simulator against the real engine on this device, at three load levels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+def validation_report(path: Path, results, info: dict, table) -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from app.html_report import write_report
+
+    figures = []
+    for column, name in (("ttft_s", "TTFT"), ("e2e_s", "E2E"), ("tpot_s", "TPOT")):
+        fig = make_subplots(rows=1, cols=len(results), subplot_titles=[r.level for r in results])
+        for i, r in enumerate(results, start=1):
+            m, p = r.measured_requests, r.predicted_requests.set_index("request_id")
+            fig.add_trace(go.Scatter(x=m[column], y=p.loc[m["request_id"], column], mode="markers",
+                                     marker=dict(size=4), name=r.level, showlegend=False), row=1, col=i)
+            top = float(max(m[column].max(), p[column].max()))
+            fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line=dict(dash="dot", color="grey"),
+                                     showlegend=False), row=1, col=i)
+            fig.update_xaxes(title_text="measured (s)", row=1, col=i)
+        fig.update_yaxes(title_text="predicted (s)", row=1, col=1)
+        fig.update_layout(title=f"{name} per request: predicted vs measured", height=360)
+        figures.append(fig)
+    summary = {"info": info, "errors": table.to_dict(orient="records"),
+               "step_time": {r.level: r.steps for r in results}}
+    write_report(path, "servecast validate: simulator vs real engine", summary, figures,
+                 notes="Each point is one request, served by the real engine (x) and simulated (y).")
+
+
+def validate_command(
+    model: Optional[str] = typer.Option(None, help="HF config.json of the model to serve (random weights); "
+                                                   "default: the bundled small Llama"),
+    num_requests: int = typer.Option(120, help="requests per load level"),
+    lengths: Optional[Path] = typer.Option(None, help="CSV of prompt/output lengths (default: bundled ShareGPT sample)"),
+    length_scale: float = typer.Option(1 / 8, help="multiply trace lengths by this"),
+    max_total_tokens: int = typer.Option(512, help="cap prompt+output per request (also max_model_len)"),
+    num_blocks: int = typer.Option(512), max_num_seqs: int = typer.Option(32),
+    max_num_batched_tokens: int = typer.Option(256), block_size: int = typer.Option(16),
+    profile: Optional[Path] = typer.Option(None, help="profile of this device for the model (default: profile now)"),
+    device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"), seed: int = typer.Option(0),
+    threads: int = typer.Option(1, help="torch CPU threads for the profile and the engine (0: torch's choice)"),
+    as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
+    out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
+) -> None:
+    """Replay one workload through the real engine and the simulator at three loads; print the errors."""
+    from app.cli import console, fail
+    from app.demo import DEMO_MODEL
+    from app.simulate_command import dumps
+    from calibrate.validate import ValidationSetup, error_table, run_validation
+
+    try:
+        if num_requests < 2:
+            raise ValueError("--num-requests must be at least 2")
+        setup = ValidationSetup(model=model or DEMO_MODEL, num_requests=num_requests,
+                                lengths_file=str(lengths) if lengths else None, length_scale=length_scale,
+                                max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
+                                dtype=dtype, seed=seed, threads=threads or None)
+        setup.engine_config()  # bad engine settings fail here, before any profiling
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=as_json) as progress:
+            tasks: dict[str, int] = {}
+
+            def on_progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    label = stage if stage == "profile" or stage.startswith("re-measure") else f"engine: {stage}"
+                    tasks[stage] = progress.add_task(label, total=total)
+                progress.update(tasks[stage], completed=done)
+
+            results, info = run_validation(setup, out, str(profile) if profile else None, on_progress)
+    except ValueError as exc:
+        fail(str(exc))
+    table = error_table(results)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "errors.csv", index=False)
+        for r in results:
+            slug = r.level.replace(" ", "-")
+            r.measured_requests.to_csv(out / f"measured-{slug}.csv", index=False)
+            r.predicted_requests.to_csv(out / f"predicted-{slug}.csv", index=False)
+        validation_report(out / "report.html", results, info, table)
+    if as_json:
+        typer.echo(dumps({"info": info, "errors": table.to_dict(orient="records"),
+                          "step_time": {r.level: r.steps for r in results}}))
+        return
+    show = Table(title=f"simulator vs engine ({info['num_requests']} requests per level; capacity "
+                       f"{info['capacity_requests_per_s']:.2f} req/s predicted)")
+    show.add_column("metric")
+    for r in results:
+        show.add_column(f"{r.level} ({r.rate_per_s:.2f} req/s)", justify="right")
+    show.add_column("target", justify="right")
+    for metric in results[0].errors:
+        cells = []
+        for r in results:
+            e = r.errors[metric]
+            ok = abs(e) <= table[(table.metric == metric)].iloc[0]["target"]
+            cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]")
+        show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
+    Console(width=max(Console().width, 110)).print(show)
+    Console().print("step time, predicted / measured over the engine's own steps: " + "; ".join(
+        f"{r.level}: total {r.steps['total_ratio']:.2f}, median {r.steps['median_ratio']:.2f}" for r in results))
+    Console().print("machine speed drift since profiling (forward re-measured before each level; >1 = slower now): "
+                    + ", ".join(f"{r.level} {r.steps['machine_drift']:.2f}" for r in results))
+    if out is not None:
+        Console().print(f"wrote {out}/errors.csv, measured-*.csv, predicted-*.csv, report.html")

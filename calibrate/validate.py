@@ -1,0 +1,284 @@
+"""Fidelity of the simulator against the real engine on this device (`servecast validate`).
+
+The same requests (lengths and arrival times) are served twice at each load level: replayed in
+wall-clock time through the real engine, and simulated with this device's profile (cpu-local or
+cuda-local) and the engine's exact scheduler settings and KV pool. Load levels are fractions of
+the capacity the simulator predicts for the workload (all requests at once): light, near
+saturation, overloaded. The error of each metric is predicted / measured - 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.run import SimResult, simulate
+from simulator.sim_config import SimConfig
+from simulator.synthetic import arrival_times
+from simulator.workload import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
+
+LEVELS = {"light": 0.3, "near saturation": 0.9, "overloaded": 1.5}
+METRICS = (("throughput", "output_tokens_per_s"), ("ttft", "p50"), ("ttft", "p90"), ("ttft", "p99"),
+           ("tpot", "mean"), ("tpot", "p50"), ("tpot", "p99"), ("e2e", "p50"), ("e2e", "p99"))
+TARGETS = {"throughput": 0.05, "tpot_mean": 0.05}  # everything else: 0.10
+
+
+def target_of(metric: str) -> float:
+    return TARGETS.get(metric, 0.10)
+
+
+@dataclass
+class ValidationSetup:
+    model: dict | str  # an HF config dict, or a config.json path
+    num_requests: int = 120
+    length_scale: float = 1 / 8
+    max_total_tokens: int = 512
+    lengths_file: str | None = None
+    block_size: int = 16
+    num_blocks: int = 512
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 256
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    # CPU threads for torch in both the profile and the engine. One by default: on small shared
+    # machines two-thread kernels swing between speeds several times apart from run to run, which
+    # would measure the machine's neighbours instead of the simulator.
+    threads: int | None = 1
+    levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
+
+    def engine_config(self):
+        from engine import EngineConfig
+
+        return EngineConfig(block_size=self.block_size, num_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens,
+                            max_model_len=self.max_total_tokens, enable_prefix_caching=self.enable_prefix_caching,
+                            enable_chunked_prefill=self.enable_chunked_prefill, device=self.device, dtype=self.dtype,
+                            seed=self.seed)
+
+    def config_path(self, folder: Path) -> str:
+        if isinstance(self.model, str):
+            return self.model
+        path = folder / "validation-model-config.json"
+        path.write_text(json.dumps(self.model, indent=2))
+        return str(path)
+
+    def sim_config(self, folder: Path, profile: str) -> SimConfig:
+        hardware = "cuda-local" if self.device.startswith("cuda") else "cpu-local"
+        quant = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+        return SimConfig(model=self.config_path(folder), hardware=hardware, profile=profile, quant=quant,
+                         block_size=self.block_size, num_gpu_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
+                         max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_total_tokens,
+                         enable_prefix_caching=self.enable_prefix_caching,
+                         enable_chunked_prefill=self.enable_chunked_prefill, seed=self.seed)
+
+    def lengths(self) -> list[LengthPair]:
+        pairs = load_length_pairs(self.lengths_file) if self.lengths_file else load_length_pairs()
+        return sample_lengths(pairs, self.num_requests, self.seed, self.length_scale, self.max_total_tokens)
+
+
+def workload_at(lengths: list[LengthPair], rate: float, seed: int, name: str) -> Workload:
+    arrivals = arrival_times(len(lengths), rate, "poisson", 1.0, np.random.default_rng(seed))
+    return make_workload(name, [(float(a), p.prompt_tokens, p.output_tokens, ()) for a, p in zip(arrivals, lengths)])
+
+
+def engine_requests(workload: Workload, vocab_size: int, seed: int) -> list:
+    from engine.replay import TimedRequest
+    from engine.sampling_params import SamplingParams
+
+    rng = random.Random(seed)
+    return [TimedRequest(str(r.request_id), r.arrival_s, [rng.randrange(vocab_size) for _ in range(r.prompt_tokens)],
+                         SamplingParams(max_tokens=r.output_tokens, temperature=0.0, ignore_eos=True))
+            for r in workload.requests]
+
+
+def measured_frame(outputs: list, start: float) -> pd.DataFrame:
+    rows = []
+    for o in outputs:
+        n = len(o.output_token_ids)
+        rows.append({"request_id": int(o.request_id), "arrival_s": o.arrival_time - start,
+                     "prompt_tokens": len(o.prompt_token_ids), "output_tokens": n,
+                     "queue_s": o.first_scheduled_time - o.arrival_time, "ttft_s": o.first_token_time - o.arrival_time,
+                     "e2e_s": o.finish_time - o.arrival_time,
+                     "tpot_s": (o.finish_time - o.first_token_time) / (n - 1) if n > 1 else math.nan,
+                     "finish_s": o.finish_time - start, "preemptions": o.num_preemptions, "status": "finished"})
+    return pd.DataFrame(rows).sort_values("request_id").reset_index(drop=True)
+
+
+def metrics_of(requests: pd.DataFrame) -> dict[str, float]:
+    finished = requests[requests["status"] == "finished"]
+    duration = finished["finish_s"].max() - finished["arrival_s"].min()
+    out = {"throughput": float(finished["output_tokens"].sum() / duration)}
+    for metric, stat in METRICS[1:]:
+        values = finished[f"{metric}_s"].dropna().to_numpy(dtype=float)
+        out[f"{metric}_{stat}"] = float(values.mean() if stat == "mean" else np.percentile(values, float(stat[1:])))
+    return out
+
+
+@dataclass
+class LevelResult:
+    level: str
+    rate_per_s: float
+    measured: dict[str, float]
+    predicted: dict[str, float]
+    measured_requests: pd.DataFrame
+    predicted_requests: pd.DataFrame
+    steps: dict = field(default_factory=dict)  # step-time fidelity on the engine's own steps
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {k: self.predicted[k] / self.measured[k] - 1 for k in self.measured}
+
+
+def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
+                on_progress: Callable[[str, int, int], None] | None = None) -> str:
+    """The given profile, or a fresh profile of the validation model on this device."""
+    if profile is not None:
+        return profile
+    from calibrate.profile import Profiler, ProfileGrid
+    from engine.config import ModelConfig
+
+    path = folder / "validation-profile.jsonl"
+    config = ModelConfig.from_hf(setup.model if isinstance(setup.model, dict) else setup.model)
+    profiler = Profiler(config, device=setup.device, dtype=setup.dtype,
+                        grid=ProfileGrid.for_budget(setup.max_num_batched_tokens))
+    profiler.run(path, on_progress=(lambda d, t: on_progress("profile", d, t)) if on_progress else None)
+    return str(path)
+
+
+def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple[str, float]:
+    """A copy of the profile whose whole-forward points are measured again now, just before a
+    replay: on a shared machine the speed drifts by tens of percent over minutes, and that drift
+    between profiling and replay is the machine's, not the simulator's. Returns the new profile
+    and the drift (median ratio of the new forward times to the old)."""
+    from dataclasses import replace
+
+    from calibrate.profile import Profiler, ProfileGrid
+    from engine.config import ModelConfig
+    from simulator.profile import Profile
+
+    base = Profile.load(profile)
+    Profile(base.hardware, base.fingerprint, base.peaks, base.source,
+            [m for m in base.measurements if m.op != "forward"], base.bandwidth_by_size).save(path)
+    config = ModelConfig.from_hf(setup.model)
+    grid = replace(ProfileGrid.for_budget(setup.max_num_batched_tokens), passes=1)
+    fresh = Profiler(config, device=setup.device, dtype=setup.dtype, grid=grid).run(path)
+    old = {m.key: m.time_s for m in base.of("forward")}
+    ratios = [m.time_s / old[m.key] for m in fresh.of("forward") if m.key in old]
+    return str(path), float(np.median(ratios)) if ratios else math.nan
+
+
+def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: str | None = None,
+                   on_progress: Callable[[str, int, int], None] | None = None) -> tuple[list[LevelResult], dict]:
+    """Profile (unless given), find the capacity, then replay and simulate each load level."""
+    from engine import LLMEngine
+    from engine.replay import replay
+
+    if setup.threads is not None:
+        import torch
+
+        torch.set_num_threads(setup.threads)
+    folder = Path(folder or tempfile.mkdtemp(prefix="servecast-validate-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = profile_for(setup, folder, profile, on_progress)
+    config = setup.sim_config(folder, profile)
+    lengths = setup.lengths()
+    capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"))
+    capacity_rps = capacity.summary["throughput"]["requests_per_s"]
+    results = []
+    engine_model = setup.model
+    for name, fraction in setup.levels.items():
+        rate = fraction * capacity_rps
+        workload = workload_at(lengths, rate, setup.seed + 1, name)
+        if on_progress:
+            on_progress(f"re-measure forward ({name})", 0, 1)
+        level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{name.replace(' ', '-')}.jsonl")
+        if on_progress:
+            on_progress(f"re-measure forward ({name})", 1, 1)
+        level_config = config.model_copy(update={"profile": level_profile})
+        engine = LLMEngine.from_config(engine_model, setup.engine_config(), seed=setup.seed)
+        engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
+        requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
+        done = [0]
+
+        def finished(_, name=name, done=done):
+            done[0] += 1
+            if on_progress:
+                on_progress(name, done[0], len(requests))
+
+        steps = record_steps(engine)
+        outputs = replay(engine, requests, on_finish=finished)
+        start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
+        measured = measured_frame(outputs, start)
+        predicted: SimResult = simulate(level_config, workload)
+        results.append(LevelResult(name, rate, metrics_of(measured), metrics_of(predicted.requests), measured,
+                                   predicted.requests, {**step_errors(level_config, steps), "machine_drift": drift}))
+    info = {"capacity_requests_per_s": capacity_rps, "profile": profile, "folder": str(folder),
+            "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads}
+    return results, info
+
+
+def record_steps(engine) -> list[tuple[list, float]]:
+    """Wrap engine.step to record each step's scheduled chunks and wall time."""
+    import time
+
+    steps: list[tuple[list, float]] = []
+    scheduler, step = engine.scheduler, engine.step
+    schedule = scheduler.schedule
+    last: list = [None]
+
+    def recording_schedule(now: float = 0.0):
+        last[0] = schedule(now)
+        return last[0]
+
+    def timed_step():
+        started = time.perf_counter()
+        outputs = step()
+        if last[0] is not None and not last[0].is_empty:
+            steps.append((list(last[0].chunks), time.perf_counter() - started))
+        return outputs
+
+    scheduler.schedule = recording_schedule
+    engine.step = timed_step
+    return steps
+
+
+def step_errors(config: SimConfig, steps: list[tuple[list, float]]) -> dict:
+    """The cost model's step time against every step the engine took: how much of the request-level
+    error is step time (rather than scheduling dynamics)."""
+    from simulator.cost_model import CostModel
+    from simulator.step_timer import StepTimer
+
+    model, _, _ = config.check()
+    timer = StepTimer(CostModel.load(config.hardware, profile=config.profile), model, 1, 1, config.compute_dtype,
+                      None, config.cache_dtype, config.block_size)
+    measured = np.array([t for _, t in steps])
+    predicted = np.array([timer.step(chunks) for chunks, _ in steps])
+    decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _ in steps])
+    out = {"steps": int(len(steps)), "total_ratio": float(predicted.sum() / measured.sum()),
+           "median_ratio": float(np.median(predicted / measured))}
+    if decode.any():
+        out["decode_median_ratio"] = float(np.median(predicted[decode] / measured[decode]))
+    if (~decode).any():
+        out["prefill_median_ratio"] = float(np.median(predicted[~decode] / measured[~decode]))
+    return out
+
+
+def error_table(results: list[LevelResult]) -> pd.DataFrame:
+    rows = []
+    for r in results:
+        for metric, error in r.errors.items():
+            rows.append({"level": r.level, "rate_per_s": r.rate_per_s, "metric": metric, "measured": r.measured[metric],
+                         "predicted": r.predicted[metric], "error": error, "target": target_of(metric),
+                         "within_target": abs(error) <= target_of(metric)})
+    return pd.DataFrame(rows)
