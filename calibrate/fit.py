@@ -34,6 +34,9 @@ class Sample:
 
 
 # Indices in EfficiencyCurve.vector(): t0, ec_max, log_fc, pc, em_max, log_fm, pm.
+# Function evaluations per start of a fit: good starts converge in far fewer; a start that wanders
+# past this is not the one kept, and the cap keeps a sparse profile's fit to seconds.
+MAX_EVALUATIONS = 400
 LEVELS = (0, 1, 2, 4, 5)  # the overhead, the two plateaus and the two floors
 
 
@@ -66,7 +69,8 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | C
                for t0 in (1e-6, 2e-5) for floor in (1e-6, 1e-5, 1e-4) for p in (1.0, 3.0)]
     for x0 in starts:
         x0 = np.clip(x0, LOWER, UPPER)
-        result = least_squares(residuals, x0, bounds=(LOWER, UPPER), method="trf", loss="soft_l1", f_scale=0.1)
+        result = least_squares(residuals, x0, bounds=(LOWER, UPPER), method="trf", loss="soft_l1", f_scale=0.1,
+                               max_nfev=MAX_EVALUATIONS)
         if best is None or result.cost < best.cost:
             best = result
     return EfficiencyCurve.from_vector(best.x)
@@ -94,7 +98,7 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
     best = None
     for x0 in starts:
         result = least_squares(residuals, np.clip(x0, lower, upper), bounds=(lower, upper), method="trf",
-                               loss="soft_l1", f_scale=0.1)
+                               loss="soft_l1", f_scale=0.1, max_nfev=MAX_EVALUATIONS)
         if best is None or result.cost < best.cost:
             best = result
     v = base.copy()

@@ -69,12 +69,16 @@ class ProfileGrid:
     passes: int = 3
 
     @classmethod
-    def for_budget(cls, max_batched_tokens: int) -> "ProfileGrid":
-        """Token counts 1 ... max_batched_tokens: powers of two and the midpoints between them."""
+    def for_budget(cls, max_batched_tokens: int, max_context: int | None = None) -> "ProfileGrid":
+        """Token counts 1 ... max_batched_tokens: powers of two and the midpoints between them;
+        decode contexts up to max_context (when given)."""
         tokens = sorted({t for p in range(0, 16) for t in (2**p, 3 * 2**p // 2) if 1 <= t <= max_batched_tokens}
                         | {max_batched_tokens})
         q = tuple(x for x in (16, 64, 256, 1024) if x <= max_batched_tokens) or (max_batched_tokens,)
-        return cls(tokens=tuple(tokens), prefill_q=q)
+        kv = cls.decode_kv
+        if max_context is not None:
+            kv = tuple(x for x in kv if x <= max_context) or (max_context,)
+        return cls(tokens=tuple(tokens), prefill_q=q, decode_kv=kv)
 
     @classmethod
     def quick(cls) -> "ProfileGrid":
@@ -208,7 +212,7 @@ class Profiler:
                                                  **arch)))
                 # A prefill chunk among decodes, as chunked prefill schedules them.
                 for batch in g.decode_batch[1:3]:
-                    plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=g.decode_kv[-2], spread=1,
+                    plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=g.decode_kv[max(len(g.decode_kv) - 2, 0)], spread=1,
                                                  extra_q=q, extra_kv=2 * q, **arch)))
         if self.tp > 1:
             # The all-reduce after attention and after the MLP of every layer: tokens x hidden.

@@ -9,6 +9,7 @@ saturation, overloaded. The error of each metric is predicted / measured - 1.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.cost_model import CostModel
+from simulator.profile import Profile
 from simulator.run import SimResult, simulate
 from simulator.sim_config import SimConfig
 from simulator.synthetic import arrival_times
@@ -151,7 +154,7 @@ def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
     path = folder / "validation-profile.jsonl"
     config = ModelConfig.from_hf(setup.model if isinstance(setup.model, dict) else setup.model)
     profiler = Profiler(config, device=setup.device, dtype=setup.dtype,
-                        grid=ProfileGrid.for_budget(setup.max_num_batched_tokens))
+                        grid=ProfileGrid.for_budget(setup.max_num_batched_tokens, setup.max_total_tokens))
     profiler.run(path, on_progress=(lambda d, t: on_progress("profile", d, t)) if on_progress else None)
     return str(path)
 
@@ -165,13 +168,12 @@ def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple
 
     from calibrate.profile import Profiler, ProfileGrid
     from engine.config import ModelConfig
-    from simulator.profile import Profile
 
     base = Profile.load(profile)
     Profile(base.hardware, base.fingerprint, base.peaks, base.source,
             [m for m in base.measurements if m.op != "forward"], base.bandwidth_by_size).save(path)
     config = ModelConfig.from_hf(setup.model)
-    grid = replace(ProfileGrid.for_budget(setup.max_num_batched_tokens), passes=1)
+    grid = replace(ProfileGrid.for_budget(setup.max_num_batched_tokens, setup.max_total_tokens), passes=1)
     fresh = Profiler(config, device=setup.device, dtype=setup.dtype, grid=grid).run(path)
     old = {m.key: m.time_s for m in base.of("forward")}
     ratios = [m.time_s / old[m.key] for m in fresh.of("forward") if m.key in old]
@@ -193,7 +195,10 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     profile = profile_for(setup, folder, profile, on_progress)
     config = setup.sim_config(folder, profile)
     lengths = setup.lengths()
-    capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"))
+    # Curves are fitted once on the full profile; each level refits only the framework terms on
+    # its freshly measured forwards.
+    base_model = CostModel.load(config.hardware, profile=config.profile)
+    capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
     capacity_rps = capacity.summary["throughput"]["requests_per_s"]
     results = []
     engine_model = setup.model
@@ -206,6 +211,8 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
         if on_progress:
             on_progress(f"re-measure forward ({name})", 1, 1)
         level_config = config.model_copy(update={"profile": level_profile})
+        level_model = copy.copy(base_model)
+        level_model.fit_framework(Profile.load(level_profile))
         engine = LLMEngine.from_config(engine_model, setup.engine_config(), seed=setup.seed)
         engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
         requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
@@ -220,9 +227,10 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
         outputs = replay(engine, requests, on_finish=finished)
         start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
         measured = measured_frame(outputs, start)
-        predicted: SimResult = simulate(level_config, workload)
+        predicted: SimResult = simulate(level_config, workload, cost_model=level_model)
         results.append(LevelResult(name, rate, metrics_of(measured), metrics_of(predicted.requests), measured,
-                                   predicted.requests, {**step_errors(level_config, steps), "machine_drift": drift}))
+                                   predicted.requests,
+                                   {**step_errors(level_config, steps, level_model), "machine_drift": drift}))
     info = {"capacity_requests_per_s": capacity_rps, "profile": profile, "folder": str(folder),
             "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads}
     return results, info
@@ -253,15 +261,13 @@ def record_steps(engine) -> list[tuple[list, float]]:
     return steps
 
 
-def step_errors(config: SimConfig, steps: list[tuple[list, float]]) -> dict:
+def step_errors(config: SimConfig, steps: list[tuple[list, float]], cost_model: CostModel) -> dict:
     """The cost model's step time against every step the engine took: how much of the request-level
     error is step time (rather than scheduling dynamics)."""
-    from simulator.cost_model import CostModel
     from simulator.step_timer import StepTimer
 
     model, _, _ = config.check()
-    timer = StepTimer(CostModel.load(config.hardware, profile=config.profile), model, 1, 1, config.compute_dtype,
-                      None, config.cache_dtype, config.block_size)
+    timer = StepTimer(cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
     measured = np.array([t for _, t in steps])
     predicted = np.array([timer.step(chunks) for chunks, _ in steps])
     decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _ in steps])

@@ -36,8 +36,9 @@ class SimResult:
 
 
 def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
-    """Run the workload through config's fleet. progress(done, total) is called as requests finish."""
+             progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None) -> SimResult:
+    """Run the workload through config's fleet. progress(done, total) is called as requests finish.
+    timer replaces the cost model's step times (tests use fixed or replayed step times)."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
@@ -59,8 +60,9 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
         return Scheduler(scheduler_config, cache_config)
 
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
-    timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
-                      config.block_size)
+    if timer is None:
+        timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
+                          config.block_size)
     env = simpy.Environment()
     clock = ArrivalClock(workload.requests[0].arrival_s)
     recorder = Recorder()

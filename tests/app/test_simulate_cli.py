@@ -1,0 +1,84 @@
+"""servecast simulate / validate from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+
+runner = CliRunner()
+SIM = ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm",
+       "--trace", "synthetic:num=60,input=uniform(100,600),output=uniform(10,80),rate=20"]
+
+
+def test_simulate_json_and_out_dir(tmp_path) -> None:
+    result = runner.invoke(app, [*SIM, "--slo", "ttft_p99=1s,tpot_p99=50ms", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_finished"] == 60 and summary["slo"]["targets"] == {"ttft_p99": 1.0, "tpot_p99": 0.05}
+    assert json.loads((tmp_path / "summary.json").read_text())["num_requests"] == 60
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    assert len(requests) == 60 and {"ttft_s", "tpot_s", "e2e_s", "queue_s"} <= set(requests.columns)
+    assert len(pd.read_parquet(tmp_path / "timeseries.parquet")) > 0
+    html = (tmp_path / "report.html").read_text()
+    assert "Latency CDFs" in html and "plotly" in html.lower()
+
+
+def test_simulate_is_deterministic_for_a_seed() -> None:
+    a = runner.invoke(app, [*SIM, "--json", "--seed", "4"])
+    b = runner.invoke(app, [*SIM, "--json", "--seed", "4"])
+    assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout
+
+
+def test_simulate_prints_a_summary() -> None:
+    result = runner.invoke(app, [*SIM, "--replicas", "2", "--router", "least_outstanding_tokens"])
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.stdout and "60/60 requests finished" in result.stdout and "$" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "llama-3.1-70b", "--hardware", "a100-80gb"], "needs 141 GB of weights"),
+    (["--model", "nope"], "unknown model"),
+    (["--hardware", "tpu-v9"], "unknown hardware"),
+    (["--tp", "3"], "does not divide"),
+    (["--router", "random"], "--router"),
+    (["--slo", "ttft=2s"], "SLO"),
+    (["--trace", "synthetic:num=x"], "not a number"),
+    (["--trace", "missing.csv"], "no trace file"),
+    (["--quant", "int3"], "--quant"),
+])
+def test_simulate_bad_input_exits_2_with_one_line(args, message) -> None:
+    base = {"--model": "llama-3.1-8b", "--hardware": "h100-sxm", "--trace": "synthetic:num=5"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    result = runner.invoke(app, ["simulate", *[x for kv in base.items() for x in kv]])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert result.output.count("error:") == 1
+
+
+def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
+    """Tiny model and workload (the figures themselves come from `servecast validate` on defaults)."""
+    from calibrate.profile import Profiler, ProfileGrid
+    from engine.config import ModelConfig
+
+    config = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = tmp_path / "profile.jsonl"
+    Profiler(ModelConfig.from_hf(config), grid=ProfileGrid.quick()).run(profile)
+    result = runner.invoke(app, ["validate", "--model", str(tmp_path / "config.json"), "--profile", str(profile),
+                                 "--num-requests", "6", "--max-total-tokens", "64", "--max-num-batched-tokens", "64",
+                                 "--num-blocks", "64", "--json", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    errors = pd.DataFrame(report["errors"])
+    assert set(errors["level"]) == {"light", "near saturation", "overloaded"}
+    assert {"throughput", "ttft_p99", "tpot_mean", "e2e_p50"} <= set(errors["metric"])
+    assert errors["measured"].gt(0).all() and errors["predicted"].gt(0).all()
+    assert all(v["steps"] > 0 for v in report["step_time"].values())
+    assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()

@@ -1,0 +1,27 @@
+"""Shared pieces of the simulator tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from simulator.cost_model import CostModel
+from simulator.sim_config import SimConfig
+from simulator.step_timer import StepTimer
+from simulator.workload import Workload, make_workload
+
+
+class FixedStepTimer(StepTimer):
+    """Every step takes the same time (queueing-theory checks)."""
+
+    def __init__(self, config: SimConfig, seconds: float) -> None:
+        super().__init__(CostModel.load(config.hardware), config.model_spec())
+        self.seconds = seconds
+
+    def step(self, chunks: Sequence) -> float:
+        self.last_sampled = sum(1 for c in chunks if c.samples)
+        self.split.steps += 1
+        return self.seconds
+
+
+def workload(rows: list[tuple[float, int, int]], name: str = "test") -> Workload:
+    return make_workload(name, [(a, p, o, ()) for a, p, o in rows])
