@@ -21,6 +21,9 @@ from engine.config import CacheConfig, SchedulerConfig
 from engine.sequence import RequestStatus, Sequence
 
 
+new_tuple = tuple.__new__
+
+
 class ScheduledChunk(NamedTuple):
     """num_tokens tokens of one request, starting at position start, computed this step.
 
@@ -127,8 +130,9 @@ class Scheduler:
             num_new = min(num_tokens - start, budget)
             if start + num_new > len(seq.block_table) * block_size and not self._allocate_or_preempt(seq, num_new, out):
                 continue  # seq itself was preempted (it was the last running request)
-            chunks.append(ScheduledChunk(seq.request_id, start, num_new, start < seq.num_prefill_tokens,
-                                         start + num_new == num_tokens))
+            # tuple.__new__ skips the NamedTuple's Python-level constructor (same object).
+            chunks.append(new_tuple(ScheduledChunk, (seq.request_id, start, num_new, start < seq.num_prefill_tokens,
+                                                     start + num_new == num_tokens)))
             budget -= num_new
             i += 1
 
@@ -193,6 +197,7 @@ class Scheduler:
         block_manager = self.block_manager
         block_size = block_manager.block_size
         lookup, running_status = self.requests.get, RequestStatus.RUNNING
+        eos_token_ids, max_model_len = self.eos_token_ids, self.config.max_model_len
         for request_id, _, num_tokens, _, samples in out.chunks:
             seq = lookup(request_id)
             if seq is None or seq.status is not running_status:
@@ -205,11 +210,17 @@ class Scheduler:
                 continue
             token = sampled[request_id]
             seq.append_token(token, now)
-            status = self._stop_status(seq, token)
-            if status is not None:
-                self.running.remove(seq)
-                self._finish(seq, status, now)
-                finished.append(FinishedRequest(seq.request_id, status.value))
+            # Cheap screen first (this runs per request per step); the exact rule decides only
+            # when a stop is possible.
+            params = seq.sampling
+            num_total = len(seq.token_ids)
+            if (params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids)
+                    or num_total - len(seq.prompt_token_ids) >= params.max_tokens or num_total >= max_model_len):
+                status = self._stop_status(seq, token)
+                if status is not None:
+                    self.running.remove(seq)
+                    self._finish(seq, status, now)
+                    finished.append(FinishedRequest(seq.request_id, status.value))
         return finished
 
     def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:

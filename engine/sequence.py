@@ -21,7 +21,7 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the scheduler reads these fields per request per step
 class Sequence:
     """Tokens, progress and KV blocks of one request.
 

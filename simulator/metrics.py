@@ -12,6 +12,7 @@ first; ITL = gaps between consecutive tokens of a request; E2E = finish - arriva
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,12 +26,16 @@ ITL_MIN_S = 1e-7
 ITL_DECADES = 11  # 1e-7 s ... 1e4 s
 
 
+# Per-request columns and their typecodes: compact arrays, 8 bytes a value, since a million-request
+# run keeps a million rows.
+COLUMNS = {"request_id": "q", "replica": "q", "arrival_s": "d", "prompt_tokens": "q", "output_tokens": "q",
+           "first_scheduled_s": "d", "first_token_s": "d", "finish_s": "d", "preemptions": "q",
+           "cached_prompt_tokens": "q", "itl_max_s": "d"}
+
+
 @dataclass
 class Recorder:
-    columns: dict[str, list] = field(default_factory=lambda: {
-        "request_id": [], "replica": [], "arrival_s": [], "prompt_tokens": [], "output_tokens": [],
-        "first_scheduled_s": [], "first_token_s": [], "finish_s": [], "preemptions": [],
-        "cached_prompt_tokens": [], "itl_max_s": []})
+    columns: dict[str, array] = field(default_factory=lambda: {k: array(t) for k, t in COLUMNS.items()})
     rejected: list[tuple[int, float, int, int, str]] = field(default_factory=list)
     itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(ITL_BINS_PER_DECADE * ITL_DECADES + 2, np.int64))
     timeseries: dict[str, list] = field(default_factory=lambda: {
@@ -83,7 +88,8 @@ class Recorder:
 
     # -- tables ---------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.columns)
+        df = pd.DataFrame({k: np.frombuffer(v, dtype=np.int64 if v.typecode == "q" else np.float64).copy()
+                           for k, v in self.columns.items()})
         df["status"] = "finished"
         df["reason"] = ""
         if self.rejected:

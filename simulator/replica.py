@@ -22,20 +22,15 @@ from dataclasses import dataclass, field
 import simpy
 
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
+from engine.scheduler import Scheduler, SchedulerOutput
+from simulator import steady_decode
 from engine.sequence import Sequence
 from simulator.metrics import Recorder
 from simulator.step_timer import StepTimer
 from simulator.workload import Request
 
-class _SameToken(dict):
-    """request id -> sampled token: the simulator's stand-in token 0 for every request."""
-
-    def __missing__(self, request_id) -> int:
-        return 0
-
-
-SAMPLED = _SameToken()
+SAMPLED_TOKEN = 0  # the simulator's stand-in for every generated token
+STEADY_RUN_LIMIT = 4096  # most steps applied in one bulk decode run
 
 
 @dataclass
@@ -55,10 +50,15 @@ class _VirtualEngine:
 
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
-                 recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf) -> None:
+                 recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
+                 bulk_decodes: bool = True) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
+        # request id -> the token it samples, for every unfinished request (update() reads it).
+        self._sampled: dict = {}
         self.sample_every_s = sample_every_s
+        # Apply steady decode runs in bulk (simulator/steady_decode.py); same outcome, fewer calls.
+        self.bulk_decodes = bulk_decodes
         self._next_sample_s = 0.0
         self.finished_requests = 0
         self.output_tokens = 0
@@ -88,6 +88,7 @@ class Replica:
                                  request.output_tokens, str(exc))
             return
         engine.sequences[seq.request_id] = seq
+        self._sampled[seq.request_id] = SAMPLED_TOKEN
         engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
         if engine.wakeup is not None and not engine.wakeup.triggered:
             engine.wakeup.succeed()
@@ -102,6 +103,7 @@ class Replica:
                 engine.wakeup = None
             now = env.now
             while scheduler.has_unfinished():
+                waiting = len(scheduler.waiting)
                 out = scheduler.schedule(now)
                 if out.is_empty:
                     break  # nothing admissible until something arrives
@@ -112,7 +114,10 @@ class Replica:
                 if now > self.clock.next_arrival_s:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
-                self._apply(engine, out, now, sampled)
+                finished = self._apply(engine, out, now, sampled)
+                if self.bulk_decodes and isinstance(scheduler, Scheduler) and steady_decode.is_steady(
+                        scheduler, out, finished, waiting):
+                    now = self._bulk_decode(engine, now)
             if now > env.now:
                 yield env.timeout(now - env.now)
             if scheduler.has_unfinished():
@@ -122,19 +127,42 @@ class Replica:
                 yield engine.wakeup
                 engine.wakeup = None
 
-    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int) -> None:
-        finished = engine.scheduler.update(out, SAMPLED, now)
+    def _bulk_decode(self, engine: _VirtualEngine, now: float) -> float:
+        """Apply the steady decode steps that end before the next arrival; returns the new time."""
+        scheduler = engine.scheduler
+        steps = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
+        if steps <= 0:
+            return now
+        times = self.timer.steady_decode_run(scheduler.running, steps, self.clock.next_arrival_s, now)
+        if not times:
+            return now
+        steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
+        self.busy_s += times[-1] - now
+        self.output_tokens += len(times) * len(scheduler.running)
+        now = times[-1]
+        if now >= self._next_sample_s:
+            self._next_sample_s = now + self.sample_every_s
+            self._sample(now, len(scheduler.running))
+        return now
+
+    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int) -> int:
+        finished = engine.scheduler.update(out, self._sampled, now)
         self.output_tokens += sampled
         for f in finished:
             seq = engine.sequences.pop(f.request_id)
+            del self._sampled[f.request_id]
             engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
             self.finished_requests += 1
             self.recorder.finish(seq, self.index)
         if now >= self._next_sample_s:
             self._next_sample_s = now + self.sample_every_s
-            self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines),
-                                 sum(len(e.scheduler.running) for e in self.engines), self.kv_utilization,
-                                 out.num_batched_tokens, self.finished_requests, self.output_tokens)
+            self._sample(now, out.num_batched_tokens)
+        return len(finished)
+
+    def _sample(self, now: float, batch_tokens: int) -> None:
+        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines),
+                             sum(len(e.scheduler.running) for e in self.engines), self.kv_utilization,
+                             batch_tokens, self.finished_requests, self.output_tokens)
 
     @property
     def kv_utilization(self) -> float:

@@ -36,9 +36,11 @@ class SimResult:
 
 
 def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
-             progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None) -> SimResult:
+             progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None,
+             bulk_decodes: bool = True) -> SimResult:
     """Run the workload through config's fleet. progress(done, total) is called as requests finish.
-    timer replaces the cost model's step times (tests use fixed or replayed step times)."""
+    timer replaces the cost model's step times (tests use fixed or replayed step times);
+    bulk_decodes=False takes every steady decode step through the scheduler one by one (same results)."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
@@ -68,7 +70,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     recorder = Recorder()
     span = max(workload.duration_s, 1e-3)
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
-    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval) for i in range(config.replicas)]
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes)
+                for i in range(config.replicas)]
     router = Router(config.router, replicas)
     total = len(workload)
     if progress is not None:

@@ -145,6 +145,58 @@ class StepTimer:
         return framework + self._memo(self._overhead, num_chunks,
                                       lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
 
+    def _decode_only(self, n: int, decode_context: int) -> float:
+        """step() for n decodes of total context decode_context (same arithmetic, no chunks)."""
+        self.last_sampled = n
+        compute_s, comm_s = self.token_ops(n)
+        prefill_s = 0.0
+        decode_s = self.decode_attention(n, decode_context)
+        head_s = self.head(n)
+        if self._operator_scale != 1.0:
+            scale = self._operator_scale
+            compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
+                                                              decode_s * scale, head_s * scale)
+        overhead_s = self.overhead(n, 0, 1, n)
+        split = self.split
+        split.prefill_s += prefill_s + (compute_s + head_s) * 0.0
+        split.decode_s += decode_s + (compute_s + head_s) * 1.0
+        split.communication_s += comm_s
+        split.overhead_s += overhead_s
+        split.flops += (self._flops_per_token * n + self._flops_per_sample * n + self._attention_flops_per_key * (0 + decode_context))
+        split.bytes_moved += self._weight_bytes + self._kv_bytes_per_token * (decode_context + 0)
+        split.steps += 1
+        return compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s
+
+    def steady_decode_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
+        """End times of up to `steps` steady decode steps from start_s (each running request decoding
+        one token per step), stopping before a step would end after limit_s. The steps returned are
+        added to `split` exactly as step() would add them."""
+        times: list[float] = []
+        now = start_s
+        n = len(running)
+        context = sum(seq.num_computed_tokens + 1 for seq in running)
+        for k in range(steps):
+            split = self.split
+            snapshot = (split.prefill_s, split.decode_s, split.communication_s, split.overhead_s, split.flops,
+                        split.bytes_moved, split.steps)
+            if self._pads:  # the engine's padded groups depend on every context: build the step
+                step_s = self.step([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
+                                    for s in running])
+            else:
+                step_s = self._decode_only(n, context)
+            if now + step_s > limit_s:
+                self._restore_split(snapshot)
+                break
+            now += step_s
+            times.append(now)
+            context += n
+        return times
+
+    def _restore_split(self, snapshot) -> None:
+        split = self.split
+        (split.prefill_s, split.decode_s, split.communication_s, split.overhead_s, split.flops, split.bytes_moved,
+         split.steps) = snapshot
+
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
         """Seconds for the step that computes these chunks; adds it to `split`."""

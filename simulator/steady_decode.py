@@ -1,0 +1,116 @@
+"""Steady decode runs: many scheduler steps applied at once, with exactly the engine's outcome.
+
+After a step in which every running request decoded one token (no prefill, no admission, no
+preemption, no finish), the engine's scheduler keeps making that same decision -- each running
+request, in admission order, one token -- until something changes: a request arrives, a request
+finishes, or the block pool cannot give a growing request its next block. Waiting requests that
+could not be admitted stay blocked meanwhile: the running set and the token budget do not change,
+and the free pool only shrinks (a cached prefix can only be evicted, never gained, in between).
+
+`steady_steps` finds how many of those steps can be taken in bulk (stopping one step short of the
+first finish, and before the pool would run dry or the next arrival), and `apply` performs them:
+the tokens, their times, and the block allocations and prefix-cache registrations in exactly the
+order the step-by-step scheduler would make them, so the block manager ends in the same state.
+tests/simulator/test_steady_decode.py checks that runs with and without it agree exactly.
+"""
+
+from __future__ import annotations
+
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import RequestStatus
+
+
+def is_steady(scheduler: Scheduler, out: SchedulerOutput, finished: int, waiting_when_scheduled: int) -> bool:
+    """Did this step leave the scheduler in a steady decode state? waiting_when_scheduled: the
+    queue's length when the step was scheduled -- a request that arrived during the step has not
+    been offered admission yet (one that queued behind a blocked head is as blocked as the head)."""
+    if finished or out.preempted or len(out.chunks) != len(scheduler.running):
+        return False
+    if scheduler.waiting and not waiting_when_scheduled:
+        return False
+    return all(c.num_tokens == 1 and not c.is_prefill for c in out.chunks)
+
+
+def steady_steps(scheduler: Scheduler, limit: int) -> int:
+    """How many identical all-decode steps (at most limit) can be applied in bulk from now."""
+    running = scheduler.running
+    if not running or limit <= 0 or len(running) > scheduler.config.max_num_batched_tokens:
+        return 0
+    max_len = scheduler.config.max_model_len
+    # Stop one step before the first request would finish (that step goes through the scheduler).
+    steps = limit
+    for seq in running:
+        params = seq.sampling
+        if params.stop_token_ids or not params.ignore_eos:
+            return 0  # a sampled token could stop it: not predictable here
+        to_finish = min(params.max_tokens - (len(seq.token_ids) - len(seq.prompt_token_ids)),
+                        max_len - len(seq.token_ids))
+        steps = min(steps, to_finish - 1)
+    if steps <= 0:
+        return 0
+    # Before the pool would run dry: the new blocks for k more steps must all be free now.
+    bm = scheduler.block_manager
+    free = bm.num_free_blocks
+    if _new_blocks(running, steps, bm.block_size) > free:
+        low, high = 0, steps  # largest k with _new_blocks(k) <= free
+        while low < high:
+            mid = (low + high + 1) // 2
+            if _new_blocks(running, mid, bm.block_size) <= free:
+                low = mid
+            else:
+                high = mid - 1
+        steps = low
+    return steps
+
+
+def _new_blocks(running, steps: int, block_size: int) -> int:
+    """Blocks the running requests allocate over `steps` decode steps."""
+    total = 0
+    for seq in running:
+        # A step computes token number num_computed + 1 (the last sampled one).
+        needed = -(-(seq.num_computed_tokens + steps) // block_size) - len(seq.block_table)
+        if needed > 0:
+            total += needed
+    return total
+
+
+def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> None:
+    """Perform len(step_end_times) steady decode steps: what schedule() + update() would do."""
+    steps = len(step_end_times)
+    bm = scheduler.block_manager
+    bs = bm.block_size
+    running = list(scheduler.running)
+    # Block events in the order the step-by-step scheduler makes them: in step j, schedule()
+    # allocates (running order), then update() registers newly full blocks (running order).
+    events: list[tuple[int, int, int]] = []  # (step, phase 0 = allocate / 1 = register, running index)
+    for i, seq in enumerate(running):
+        computed, held = seq.num_computed_tokens, len(seq.block_table) * bs
+        # Allocation in step j when computed + j > blocks held (then every block_size steps after).
+        j = held - computed + 1
+        while j <= steps:
+            events.append((j, 0, i))
+            j += bs
+        if bm.enable_prefix_caching:
+            # Registration in step j when (computed + j) is a multiple of block_size.
+            j = bs - computed % bs
+            while j <= steps:
+                events.append((j, 1, i))
+                j += bs
+    start = [seq.num_computed_tokens for seq in running]
+    filler = [token] * steps
+    for seq in running:  # every token of the run is known up front (block hashes read them)
+        seq.token_ids.extend(filler)
+    for j, phase, i in sorted(events):
+        seq = running[i]
+        if phase == 0:
+            seq.num_computed_tokens = start[i] + j - 1
+            if not bm.allocate_slots(seq, 1):
+                raise AssertionError("steady decode run allocated beyond the free pool")
+        else:
+            seq.num_computed_tokens = start[i] + j
+            bm.cache_full_blocks(seq)
+    for i, seq in enumerate(running):
+        if seq.status is not RequestStatus.RUNNING:
+            raise AssertionError("steady decode run over a request that is not running")
+        seq.num_computed_tokens = start[i] + steps
+        seq.token_times.extend(step_end_times)
