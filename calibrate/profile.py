@@ -41,6 +41,8 @@ from simulator.profile import Measurement, Profile, forward_contexts
 # Weight rotation of GEMM timings (Profiler._weight_copies): enough bytes to leave every cache.
 ROTATION_BYTES = 256 * 2**20
 MAX_WEIGHT_COPIES = 64
+# Whole-forward timings use a KV pool this many times the blocks their sequences hold.
+FORWARD_POOL_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -394,7 +396,12 @@ class Profiler:
         per_seq = -(-max(p["kv_len"], p["extra_kv"]) // bs)
         sequences = [(p["q_len"], kv) for kv in forward_contexts(p)] + (
             [(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
-        cache_config = CacheConfig(bs, per_seq * len(sequences))
+        # A serving pool is larger than one step's blocks and a request's blocks are scattered in
+        # it: the same here (FORWARD_POOL_FACTOR times the blocks, tables drawn at random), so
+        # KV gathers miss caches as they do in the engine.
+        pool = per_seq * len(sequences) * FORWARD_POOL_FACTOR
+        cache_config = CacheConfig(bs, pool)
+        blocks = torch.randperm(pool, generator=torch.Generator().manual_seed(0)).tolist()
         model = DecoderModel(config, per_seq * bs)
         model.init_random(0)
         model = model.to(device=self.device, dtype=self.torch_dtype).eval()
@@ -406,7 +413,7 @@ class Profiler:
         greedy = SamplingParams(temperature=0.0, ignore_eos=True)
         for i, (q_len, kv_len) in enumerate(sequences):
             seq = Sequence(str(i), [1 + (i + t) % 100 for t in range(kv_len)], greedy, 0.0)
-            seq.block_table = list(range(i * per_seq, (i + 1) * per_seq))
+            seq.block_table = blocks[i * per_seq:(i + 1) * per_seq]
             seq.num_computed_tokens = kv_len - q_len
             requests[seq.request_id] = seq
             chunks.append(ScheduledChunk(seq.request_id, kv_len - q_len, q_len, q_len > 1, True))
