@@ -49,6 +49,8 @@ def validate_command(
     profile: Optional[Path] = typer.Option(None, help="profile of this device for the model (default: profile now)"),
     device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"), seed: int = typer.Option(0),
     threads: int = typer.Option(1, help="torch CPU threads for the profile and the engine (0: torch's choice)"),
+    calibration_requests: int = typer.Option(40, help="before each level, engine steps of this many *other* "
+                                                      "requests calibrate the framework overhead (0: profile only)"),
     as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
 ) -> None:
@@ -61,11 +63,14 @@ def validate_command(
     try:
         if num_requests < 2:
             raise ValueError("--num-requests must be at least 2")
+        if calibration_requests < 0:
+            raise ValueError("--calibration-requests must be 0 or more")
         setup = ValidationSetup(model=model or DEMO_MODEL, num_requests=num_requests,
                                 lengths_file=str(lengths) if lengths else None, length_scale=length_scale,
                                 max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
-                                dtype=dtype, seed=seed, threads=threads or None)
+                                dtype=dtype, seed=seed, threads=threads or None,
+                                calibration_requests=calibration_requests)
         setup.engine_config()  # bad engine settings fail here, before any profiling
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:

@@ -58,6 +58,9 @@ class ValidationSetup:
     # machines two-thread kernels swing between speeds several times apart from run to run, which
     # would measure the machine's neighbours instead of the simulator.
     threads: int | None = 1
+    # Engine steps of this many other requests calibrate the framework terms before each level
+    # (0: the profile's forward points only).
+    calibration_requests: int = 40
     levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
 
     def engine_config(self):
@@ -212,7 +215,13 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
             on_progress(f"re-measure forward ({name})", 1, 1)
         level_config = config.model_copy(update={"profile": level_profile})
         level_model = copy.copy(base_model)
-        level_model.fit_framework(Profile.load(level_profile))
+        calibration = []
+        if setup.calibration_requests:
+            # Train / test: engine steps of *other* requests (another seed) at 0.7 x capacity, just
+            # before this level, calibrate the framework terms alongside the forward points.
+            calibration = observed_steps(setup, lengths_for(setup, setup.seed + 1000 + len(results)),
+                                         0.7 * capacity_rps, level_config, level_model)
+        level_model.fit_framework(Profile.load(level_profile), calibration)
         engine = LLMEngine.from_config(engine_model, setup.engine_config(), seed=setup.seed)
         engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
         requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
@@ -232,7 +241,8 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
                                    predicted.requests,
                                    {**step_errors(level_config, steps, level_model), "machine_drift": drift}))
     info = {"capacity_requests_per_s": capacity_rps, "profile": profile, "folder": str(folder),
-            "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads}
+            "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads,
+            "calibration_requests": setup.calibration_requests}
     return results, info
 
 
@@ -259,6 +269,32 @@ def record_steps(engine) -> list[tuple[list, float]]:
     scheduler.schedule = recording_schedule
     engine.step = timed_step
     return steps
+
+
+def lengths_for(setup: ValidationSetup, seed: int) -> list[LengthPair]:
+    pairs = load_length_pairs(setup.lengths_file) if setup.lengths_file else load_length_pairs()
+    return sample_lengths(pairs, setup.calibration_requests, seed, setup.length_scale, setup.max_total_tokens)
+
+
+def observed_steps(setup: ValidationSetup, lengths: list[LengthPair], rate: float, config: SimConfig,
+                   cost_model: CostModel) -> list:
+    """Replay other requests through the engine and return its steps as StepObservations."""
+    from engine import LLMEngine
+    from engine.replay import replay
+    from simulator.cost_model import Chunk, StepObservation
+
+    workload = workload_at(lengths, rate, setup.seed + 7, "calibration")
+    engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
+    engine.generate([[1, 2, 3, 4]] * 2, None)
+    steps = record_steps(engine)
+    replay(engine, engine_requests(workload, engine.model_config.vocab_size, setup.seed + 7))
+    model = config.model_spec()
+    out = []
+    for chunks, seconds in steps:
+        cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in chunks]
+        host = cost_model.predict_step_overhead(len(cs)).time_s
+        out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, seconds - host))
+    return out
 
 
 def step_errors(config: SimConfig, steps: list[tuple[list, float]], cost_model: CostModel) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -59,6 +60,10 @@ class LLMEngine:
         self._default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.num_steps = 0
         self._num_generated = 0
+        # Long-lived objects (the model, its parameters, the cache) leave the garbage collector's
+        # generations, so its periodic full collections stop scanning them mid-serving (vLLM
+        # does the same): collection pauses become short and rare.
+        gc.freeze()
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

@@ -127,7 +127,9 @@ class Scheduler:
             seq = running[i]
             start = seq.num_computed_tokens
             num_tokens = len(seq.token_ids)
-            num_new = min(num_tokens - start, budget)
+            num_new = num_tokens - start
+            if num_new > budget:
+                num_new = budget
             if start + num_new > len(seq.block_table) * block_size and not self._allocate_or_preempt(seq, num_new, out):
                 continue  # seq itself was preempted (it was the last running request)
             # tuple.__new__ skips the NamedTuple's Python-level constructor (same object).
@@ -209,7 +211,10 @@ class Scheduler:
             if not samples:
                 continue
             token = sampled[request_id]
-            seq.append_token(token, now)
+            seq.token_ids.append(token)  # Sequence.append_token, inlined in this per-request loop
+            seq.token_times.append(now)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
             # Cheap screen first (this runs per request per step); the exact rule decides only
             # when a stop is possible.
             params = seq.sampling

@@ -67,6 +67,18 @@ class Chunk:
     samples: bool = True
 
 
+@dataclass(frozen=True)
+class StepObservation:
+    """One measured step: its chunks on a model, and the time of its forward (without the
+    scheduler's own overhead, which step_overhead covers)."""
+
+    chunks: Sequence[Chunk]
+    model: ModelSpec
+    dtype: str
+    block_size: int | None
+    forward_s: float
+
+
 @dataclass
 class StepCost:
     total_s: float
@@ -436,12 +448,14 @@ class CostModel:
                                                                          layers)
         return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
 
-    def fit_framework(self, profile: Profile) -> None:
-        """Non-negative least squares of measured whole forwards on the sum of their operators'
-        predictions (scaled) plus per-step and per-layer terms in chunks and tokens."""
+    def fit_framework(self, profile: Profile, steps: Sequence[StepObservation] = ()) -> None:
+        """Non-negative least squares of measured whole steps -- the profile's forward points, and
+        any engine steps observed on this device (steps) -- on the sum of their operators'
+        predictions (scaled) plus per-step and per-layer terms in chunks, prefill chunks, decode
+        attention groups and tokens."""
         from scipy.optimize import nnls
 
-        rows, measured = [], []
+        observations = list(steps)
         for m in profile.of("forward"):
             p = dict(m.params)
             spec = ModelSpec(name="profiled", model_type="llama", num_layers=p["layers"], hidden_size=p["hidden"],
@@ -449,13 +463,16 @@ class CostModel:
                              head_dim=p["head_dim"], vocab_size=p["vocab"], max_position_embeddings=p["kv_len"])
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
-            ops = self.step_time(step, spec, 1, p["dtype"], include_host=False, block_size=p["block_size"]).total_s
-            chunks, tokens, layers = len(step), sum(c.num_tokens for c in step), p["layers"]
-            prefills = sum(1 for c in step if c.num_tokens > 1)
-            groups = decode_group_count(step, p["block_size"])
+            observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
+        rows, measured = [], []
+        for o in observations:
+            ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
+            chunks, tokens, layers = len(o.chunks), sum(c.num_tokens for c in o.chunks), o.model.num_layers
+            prefills = sum(1 for c in o.chunks if c.num_tokens > 1)
+            groups = decode_group_count(o.chunks, o.block_size)
             features = [1.0, chunks, prefills, groups, tokens]
             rows.append([ops, *features, *(layers * x for x in features)])
-            measured.append(m.time_s)
+            measured.append(o.forward_s)
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         coefficients, _ = nnls(np.array(rows), np.array(measured))

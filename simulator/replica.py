@@ -109,6 +109,7 @@ class Replica:
                     break  # nothing admissible until something arrives
                 step_s = timer.step(out.chunks)
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas
+                all_decodes = timer.last_all_decodes
                 self.busy_s += step_s
                 now += step_s
                 if now > self.clock.next_arrival_s:
@@ -116,7 +117,7 @@ class Replica:
                     yield env.timeout(now - env.now)
                 finished = self._apply(engine, out, now, sampled)
                 if self.bulk_decodes and isinstance(scheduler, Scheduler) and steady_decode.is_steady(
-                        scheduler, out, finished, waiting):
+                        scheduler, out, finished, waiting, all_decodes):
                     now = self._bulk_decode(engine, now)
             if now > env.now:
                 yield env.timeout(now - env.now)

@@ -56,6 +56,7 @@ class StepTimer:
 
     def __post_init__(self) -> None:
         self.last_sampled = 0  # rows that sampled a token in the last step timed
+        self.last_all_decodes = False  # the last step timed was all one-token decodes
         self._layers = self.model.num_layers
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
@@ -205,8 +206,11 @@ class StepTimer:
         keys = prefill_context = 0
         padded = self._pads
         contexts: list[int] = []
-        for _, start, n, _, samples in chunks:
+        steady = True  # every chunk a one-token decode (not a one-token prefill)
+        for _, start, n, is_prefill, samples in chunks:
             tokens += n
+            if is_prefill:
+                steady = False
             if samples:
                 sampled += 1
             if n == 1:
@@ -220,6 +224,7 @@ class StepTimer:
                 keys += n * start + n * (n + 1) // 2
                 prefill_context += start + n
         self.last_sampled = sampled
+        self.last_all_decodes = steady
         if not tokens:
             return 0.0
         compute_s, comm_s = self.token_ops(tokens)

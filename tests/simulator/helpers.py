@@ -19,6 +19,7 @@ class FixedStepTimer(StepTimer):
 
     def step(self, chunks: Sequence) -> float:
         self.last_sampled = sum(1 for c in chunks if c.samples)
+        self.last_all_decodes = False  # no bulk decode runs: their times would come from the cost model
         self.split.steps += 1
         return self.seconds
 
