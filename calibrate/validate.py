@@ -32,6 +32,7 @@ LEVELS = {"light": 0.3, "near saturation": 0.9, "overloaded": 1.5}
 METRICS = (("throughput", "output_tokens_per_s"), ("ttft", "p50"), ("ttft", "p90"), ("ttft", "p99"),
            ("tpot", "mean"), ("tpot", "p50"), ("tpot", "p99"), ("e2e", "p50"), ("e2e", "p99"))
 TARGETS = {"throughput": 0.05, "tpot_mean": 0.05}  # everything else: 0.10
+CALIBRATION_LOADS = (0.3, 1.0)  # fractions of capacity of the calibration replays
 
 
 def target_of(metric: str) -> float:
@@ -217,10 +218,11 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
         level_model = copy.copy(base_model)
         calibration = []
         if setup.calibration_requests:
-            # Train / test: engine steps of *other* requests (another seed) at 0.7 x capacity, just
-            # before this level, calibrate the framework terms alongside the forward points.
-            calibration = observed_steps(setup, lengths_for(setup, setup.seed + 1000 + len(results)),
-                                         0.7 * capacity_rps, level_config, level_model)
+            # Train / test: engine steps of *other* requests (other seeds) at a light and a heavy
+            # load, just before this level, calibrate the framework terms with the forward points.
+            for k, fraction in enumerate(CALIBRATION_LOADS):
+                calibration += observed_steps(setup, lengths_for(setup, setup.seed + 1000 + 10 * len(results) + k),
+                                              fraction * capacity_rps, level_config, level_model)
         level_model.fit_framework(Profile.load(level_profile), calibration)
         engine = LLMEngine.from_config(engine_model, setup.engine_config(), seed=setup.seed)
         engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
@@ -273,7 +275,8 @@ def record_steps(engine) -> list[tuple[list, float]]:
 
 def lengths_for(setup: ValidationSetup, seed: int) -> list[LengthPair]:
     pairs = load_length_pairs(setup.lengths_file) if setup.lengths_file else load_length_pairs()
-    return sample_lengths(pairs, setup.calibration_requests, seed, setup.length_scale, setup.max_total_tokens)
+    num = max(2, setup.calibration_requests // len(CALIBRATION_LOADS))
+    return sample_lengths(pairs, num, seed, setup.length_scale, setup.max_total_tokens)
 
 
 def observed_steps(setup: ValidationSetup, lengths: list[LengthPair], rate: float, config: SimConfig,

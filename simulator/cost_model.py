@@ -475,7 +475,10 @@ class CostModel:
             measured.append(o.forward_s)
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
-        coefficients, _ = nnls(np.array(rows), np.array(measured))
+        # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
+        # as much as large prefill steps.
+        weights = 1.0 / np.array(measured)
+        coefficients, _ = nnls(np.array(rows) * weights[:, None], np.array(measured) * weights)
         self.framework = dict(zip(FRAMEWORK_TERMS, (float(c) for c in coefficients)))
 
     def predict(self, op: str, **params) -> Prediction:

@@ -73,7 +73,8 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     Profiler(ModelConfig.from_hf(config), grid=ProfileGrid.quick()).run(profile)
     result = runner.invoke(app, ["validate", "--model", str(tmp_path / "config.json"), "--profile", str(profile),
                                  "--num-requests", "6", "--max-total-tokens", "64", "--max-num-batched-tokens", "64",
-                                 "--num-blocks", "64", "--json", "--out", str(tmp_path / "out")])
+                                 "--num-blocks", "64", "--calibration-requests", "6", "--json",
+                                 "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     errors = pd.DataFrame(report["errors"])
