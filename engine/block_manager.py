@@ -27,7 +27,7 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-@dataclass
+@dataclass(slots=True)
 class _CachedBlock:
     block_hash: int
     token_ids: tuple[int, ...]
@@ -117,9 +117,14 @@ class BlockManager:
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if num_full <= seq.num_registered_blocks:
             return
-        hashes = self._block_hashes(seq, num_full)
+        hashes = seq.block_hashes
+        if len(hashes) < seq.num_registered_blocks:
+            self._block_hashes(seq, seq.num_registered_blocks)
         bs = self.block_size
         for i in range(seq.num_registered_blocks, num_full):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
+                hashes.append(self.hash_fn(hashes[-1] if hashes else None, tokens))
             block_id = seq.block_table[i]
             if block_id in self._cached:
                 continue  # a prefix hit: already registered
@@ -130,8 +135,7 @@ class BlockManager:
                 parent_id, parent_gen = NO_PARENT, 0
             if hashes[i] in self._by_hash:
                 continue  # same content computed twice concurrently, or a collision: keep the first
-            self._cached[block_id] = _CachedBlock(hashes[i], tuple(seq.token_ids[i * bs:(i + 1) * bs]),
-                                                  parent_id, parent_gen)
+            self._cached[block_id] = _CachedBlock(hashes[i], tokens, parent_id, parent_gen)
             self._by_hash[hashes[i]] = block_id
         seq.num_registered_blocks = num_full
 
