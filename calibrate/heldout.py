@@ -47,7 +47,7 @@ def cpu_held_out(fit_on: Profile, held_out: Profile, held_out_heads: tuple[int, 
     model._series = {}  # predict every held-out point from the fitted curves, not from fit_on's points
     errors: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for m in held_out.measurements:
-        if m.op in ("step_overhead", "forward"):
+        if m.op in ("step_overhead", "forward", "idle_wakeup"):
             continue
         if m.op.startswith("attention") and held_out_heads is not None and (
                 m.get("num_heads"), m.get("num_kv_heads"), m.get("head_dim")) != held_out_heads:

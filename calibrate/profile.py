@@ -2,9 +2,11 @@
 
 Every operator is the engine's code: packed-weight GEMMs (engine/linear.py) for each linear layer
 of the model, paged attention (engine/attention.py) for prefill chunks and decode batches, KV-cache
-writes, RMSNorm / rotary / SwiGLU / residual adds, sampling, and the host-side work of a step
-(scheduling and input preparation) by batch size. Each point: warm-up, then the median of
-repeated timed calls. Results are appended one line at a time, so an interrupted profile resumes.
+writes, RMSNorm / rotary / SwiGLU / residual adds, sampling, the scheduler's work per step by batch
+size, and whole model-runner steps (input preparation + forward + sampling) of uniform, spread and
+mixed batches at two depths, from which the cost model fits what the operators leave out. GEMMs
+rotate through copies of their weights and whole forwards read a scattered KV pool, as in serving.
+Each point: warm-up, then the median of repeated timed calls. Results are appended one line at a time, so an interrupted profile resumes.
 Random weights: timing does not depend on their values.
 """
 
@@ -29,7 +31,7 @@ from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.model import RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary
-from engine.runner import TORCH_DTYPES, prepare_step, slots_for
+from engine.runner import TORCH_DTYPES, slots_for
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -66,6 +68,8 @@ class ProfileGrid:
     # per-layer from per-step overhead, and the deeper one reads as many weights per step as the
     # model does where that is small enough to matter (caches).
     forward_layers: tuple[int, ...] = (1, 4)
+    # Idle gaps (ms) after which the first step's extra time is measured.
+    idle_ms: tuple[int, ...] = (5, 50)
     # Each group of points (one operator) is measured in this many interleaved passes and each
     # point keeps the median of its pass medians, so slow drifts of a shared machine average out.
     passes: int = 3
@@ -87,7 +91,7 @@ class ProfileGrid:
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
                    decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
-                   attention_groups=(), forward_layers=(1, 2))
+                   attention_groups=(), forward_layers=(1, 2), idle_ms=(5,))
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
@@ -216,6 +220,8 @@ class Profiler:
                 for batch in g.decode_batch[1:3]:
                     plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=g.decode_kv[max(len(g.decode_kv) - 2, 0)], spread=1,
                                                  extra_q=q, extra_kv=2 * q, **arch)))
+        for idle_ms in g.idle_ms:
+            plan.append(("idle_wakeup", dict(idle_ms=idle_ms)))
         if self.tp > 1:
             # The all-reduce after attention and after the MLP of every layer: tokens x hidden.
             element = self.torch_dtype.itemsize
@@ -287,6 +293,8 @@ class Profiler:
 
     @torch.inference_mode()
     def _measure(self, op: str, p: dict) -> float:
+        if op == "idle_wakeup":
+            return next(self._callables(op, p))()
         return median_time(next(self._callables(op, p)), self.grid, self.sync)
 
     def _weight_copies(self, weight_elements: int) -> int:
@@ -328,6 +336,8 @@ class Profiler:
             yield self._step_overhead(p["batch"])
         elif op == "forward":
             yield self._forward(p)
+        elif op == "idle_wakeup":
+            yield self._idle_wakeup(p["idle_ms"])
         else:
             raise ValueError(f"cannot profile op {op!r}")
 
@@ -420,6 +430,29 @@ class Profiler:
         out = SchedulerOutput(chunks)
         return lambda: runner.execute(out, requests, {})
 
+    def _idle_wakeup(self, idle_ms: int) -> Callable[[], float]:
+        """A callable measuring the first step after idle_ms of sleep minus a back-to-back step
+        (medians over a few rounds; a small positive floor, as a profile time must be > 0)."""
+        c = self.model
+        forward = self._forward(dict(layers=min(c.num_layers, max(self.grid.forward_layers)), batch=1, q_len=1,
+                                     kv_len=self.grid.decode_kv[0], spread=0, extra_q=0, extra_kv=0))
+
+        def measure() -> float:
+            cold, warm = [], []
+            for _ in range(max(3, self.grid.min_repeats)):
+                time.sleep(idle_ms / 1e3)
+                started = time.perf_counter()
+                forward()
+                self.sync()
+                cold.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                forward()
+                self.sync()
+                warm.append(time.perf_counter() - started)
+            return max(statistics.median(cold) - statistics.median(warm), 1e-7)
+
+        return measure
+
     def _step_overhead(self, batch: int) -> Callable[[], object]:
         """Scheduling of one decode step of `batch` running requests: schedule() and update() (input
         preparation belongs to the forward op, which times the model runner)."""
@@ -431,7 +464,6 @@ class Profiler:
             scheduler.add(Sequence(str(i), list(range(100)), SamplingParams(max_tokens=3000, ignore_eos=True), 0.0))
         first = scheduler.schedule()
         scheduler.update(first, {ch.request_id: 1 for ch in first.chunks if ch.samples}, 0.0)
-        windows = {None}
 
         def step() -> None:
             out = scheduler.schedule()

@@ -435,6 +435,17 @@ class CostModel:
         # well-pipelined engine, so it counts as zero there.
         return self._lookup(("step_overhead",), batch, lambda: Prediction(0.0, "extrapolated", 0.0))
 
+    def predict_idle_wakeup(self, idle_s: float) -> Prediction:
+        """Extra time of the first step after idle_s seconds without work: interpolated from the
+        profile's measurements (none below the shortest idle measured); zero without them."""
+        series = self._series.get(("idle_wakeup",))
+        idle_ms = idle_s * 1e3
+        if series is None or idle_ms < series.sizes[0]:
+            return Prediction(0.0, "extrapolated" if series is None else "interpolated", 0.0)
+        t, provenance = series.at(max(1, round(idle_ms)))
+        return Prediction(t if idle_ms < series.sizes[-1] else series.times[-1], provenance,
+                          self.errors[provenance])
+
     def predict_framework(self, num_chunks: int, tokens: int, layers: int, operators_s: float = 0.0,
                           prefill_chunks: int = 0, decode_groups: int = 0) -> Prediction:
         """What a whole step costs beyond the sum of its operators (operators_s): input
@@ -487,7 +498,7 @@ class CostModel:
                    "attention_decode": self.predict_attention_decode, "elementwise": self.predict_elementwise,
                    "kv_write": self.predict_kv_write, "sample": self.predict_sample,
                    "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead,
-                   "framework": self.predict_framework}
+                   "framework": self.predict_framework, "idle_wakeup": self.predict_idle_wakeup}
         if op not in methods:
             raise ValueError(f"unknown operator {op!r}; known: {', '.join(methods)}")
         return methods[op](**params)
@@ -611,6 +622,8 @@ def _series_key(m: Measurement) -> tuple[tuple | None, int]:
         return ("sample", p["vocab"]), p["batch"]
     if m.op == "step_overhead":
         return ("step_overhead",), p["batch"]
+    if m.op == "idle_wakeup":
+        return ("idle_wakeup",), p["idle_ms"]
     if m.op == "all_reduce":
         return ("all_reduce", p["world"]), p["nbytes"]
     return None, 0

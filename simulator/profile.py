@@ -20,6 +20,8 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
                      reads per token: hidden for norms and adds, q+k for rope, FFN for swiglu), dtype
   sample             batch, vocab
   step_overhead      batch (host-side scheduling per engine step: schedule() and update())
+  idle_wakeup        idle_ms: how much longer the first step after idle_ms of idleness takes than one
+                     run back to back (caches and cores cool down while the engine waits)
   forward            layers, batch, q_len, kv_len, extra_q, extra_kv, hidden, ffn, num_heads,
                      num_kv_heads, head_dim, vocab, block_size, dtype: one whole model-runner step
                      (input preparation, forward, LM head, sampling) of a model of that shape and
@@ -59,6 +61,7 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "elementwise": ("name", "tokens", "width", "dtype"),
     "sample": ("batch", "vocab"),
     "step_overhead": ("batch",),
+    "idle_wakeup": ("idle_ms",),
     "forward": ("layers", "batch", "q_len", "kv_len", "spread", "extra_q", "extra_kv", "hidden", "ffn", "num_heads",
                 "num_kv_heads", "head_dim", "vocab", "block_size", "dtype"),
     "all_reduce": ("nbytes", "world"),

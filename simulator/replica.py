@@ -96,18 +96,22 @@ class Replica:
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
         env, scheduler, timer = self.env, engine.scheduler, self.timer
+        cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():
+                idle_from = env.now
                 engine.wakeup = env.event()
                 yield engine.wakeup
                 engine.wakeup = None
+                cold_s = timer.wakeup(env.now - idle_from)
             now = env.now
             while scheduler.has_unfinished():
                 waiting = len(scheduler.waiting)
                 out = scheduler.schedule(now)
                 if out.is_empty:
                     break  # nothing admissible until something arrives
-                step_s = timer.step(out.chunks)
+                step_s = timer.step(out.chunks) + cold_s
+                cold_s = 0.0
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas
                 all_decodes = timer.last_all_decodes
                 self.busy_s += step_s

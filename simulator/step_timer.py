@@ -146,6 +146,10 @@ class StepTimer:
         return framework + self._memo(self._overhead, num_chunks,
                                       lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
 
+    def wakeup(self, idle_s: float) -> float:
+        """Extra time of the first step after idle_s seconds without work (profiled devices)."""
+        return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
+
     def _decode_only(self, n: int, decode_context: int) -> float:
         """step() for n decodes of total context decode_context (same arithmetic, no chunks)."""
         self.last_sampled = n

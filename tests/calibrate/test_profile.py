@@ -25,7 +25,7 @@ def test_profile_covers_every_operator_with_a_fingerprint(tiny_profile) -> None:
     profile, _ = tiny_profile
     ops = {m.op for m in profile.measurements}
     assert ops == {"gemm", "attention_prefill", "attention_decode", "kv_write", "elementwise", "sample",
-                   "step_overhead", "forward"}
+                   "step_overhead", "forward", "idle_wakeup"}
     assert {m.name for m in profile.of("gemm")} == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
     assert profile.hardware == "cpu-local" and profile.fingerprint["torch"] and profile.fingerprint["dtype"] == "fp32"
     assert profile.peaks["matmul_flops"] > 0 and profile.peaks["memory_bandwidth"] > 0

@@ -125,3 +125,16 @@ def test_profile_of_an_unknown_device_is_rejected(tmp_path) -> None:
         Profile.load(path, known_hardware=set(load_hardware()))
     with pytest.raises(ValueError, match="unknown hardware 'warp-drive'"):
         CostModel.load("warp-drive", profile=path)
+
+
+def test_idle_wakeup_is_zero_without_measurements_and_interpolated_with_them() -> None:
+    plain = CostModel.load("a100-80gb", profile=gemm_profile())
+    assert plain.predict_idle_wakeup(1.0).time_s == 0.0
+    profile = gemm_profile()
+    profile.measurements += [Measurement.make("idle_wakeup", 0.4e-3, idle_ms=5),
+                             Measurement.make("idle_wakeup", 1.2e-3, idle_ms=50)]
+    model = CostModel.load("a100-80gb", profile=profile)
+    assert model.predict_idle_wakeup(0.001).time_s == 0.0  # shorter than any idle measured
+    assert model.predict_idle_wakeup(0.005).time_s == pytest.approx(0.4e-3)
+    assert 0.4e-3 < model.predict_idle_wakeup(0.02).time_s < 1.2e-3
+    assert model.predict_idle_wakeup(10.0).time_s == pytest.approx(1.2e-3)  # flat beyond the longest
