@@ -28,8 +28,8 @@ def latency_cdfs(requests: pd.DataFrame, label: str = "") -> go.Figure:
 
 
 def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
-    panels = (("waiting", "queue length"), ("running", "running batch"), ("kv_utilization", "KV-cache utilization"),
-              ("throughput", "output tokens/s"))
+    panels = (("waiting", "queue length"), ("running", "running batch"), ("tokens_in_flight", "tokens in flight"),
+              ("kv_utilization", "KV-cache utilization"), ("throughput", "output tokens/s"))
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[t for _, t in panels])
     for replica, ts in timeseries.groupby("replica"):
         ts = ts.sort_values("time_s")
@@ -39,7 +39,22 @@ def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Scatter(x=ts["time_s"], y=ts[column], mode="lines", name=f"replica {replica}",
                                      legendgroup=str(replica), showlegend=row == 1), row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(panels), col=1)
-    fig.update_layout(title="Over time", height=820)
+    fig.update_layout(title="Over time", height=1000)
+    return fig
+
+
+def time_split_figure(summary: dict) -> go.Figure:
+    """Where the fleet's time went: busy time by phase (summed over replicas), and queueing."""
+    split = summary["time_split_s"]
+    parts = {"prefill": split["prefill"], "decode": split["decode"], "communication": split["communication"],
+             "host overhead": split["overhead"]}
+    fig = make_subplots(rows=1, cols=2, specs=[[{"type": "domain"}, {"type": "xy"}]],
+                        subplot_titles=["busy time by phase", "mean latency by part (s)"])
+    fig.add_trace(go.Pie(labels=list(parts), values=list(parts.values()), hole=0.4), row=1, col=1)
+    queue, ttft, e2e = summary["queue_s"]["mean"], summary["ttft_s"]["mean"], summary["e2e_s"]["mean"]
+    latency = {"queueing": queue, "prefill (TTFT - queueing)": ttft - queue, "decode (E2E - TTFT)": e2e - ttft}
+    fig.add_trace(go.Bar(x=list(latency), y=list(latency.values()), showlegend=False), row=1, col=2)
+    fig.update_layout(title="Where time goes", height=380)
     return fig
 
 
@@ -67,5 +82,5 @@ def simulation_report(path: Path, result) -> None:
     s = result.summary
     title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} (tp={s['tp']}, pp={s['pp']}, "
              f"{s['quant']})")
-    write_report(path, title, s, [latency_cdfs(result.requests), timeseries_figure(result.timeseries),
-                                  ttft_vs_prompt(result.requests)])
+    write_report(path, title, s, [latency_cdfs(result.requests), time_split_figure(s),
+                                  timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)])

@@ -39,8 +39,8 @@ class Recorder:
     rejected: list[tuple[int, float, int, int, str]] = field(default_factory=list)
     itl_counts: np.ndarray = field(default_factory=lambda: np.zeros(ITL_BINS_PER_DECADE * ITL_DECADES + 2, np.int64))
     timeseries: dict[str, list] = field(default_factory=lambda: {
-        "time_s": [], "replica": [], "waiting": [], "running": [], "kv_utilization": [], "batch_tokens": [],
-        "finished": [], "output_tokens": []})
+        "time_s": [], "replica": [], "waiting": [], "running": [], "tokens_in_flight": [], "kv_utilization": [],
+        "batch_tokens": [], "finished": [], "output_tokens": []})
 
     def on_progress(self, callback, every: int = 1) -> None:
         """callback(number of requests done) after every `every` finished or rejected requests."""
@@ -78,11 +78,12 @@ class Recorder:
         self.rejected.append((request_id, arrival_s, prompt, output, reason))
         self._done()
 
-    def sample(self, time_s: float, replica: int, waiting: int, running: int, kv_utilization: float,
-               batch_tokens: int, finished: int, output_tokens: int) -> None:
+    def sample(self, time_s: float, replica: int, waiting: int, running: int, tokens_in_flight: int,
+               kv_utilization: float, batch_tokens: int, finished: int, output_tokens: int) -> None:
         ts = self.timeseries
         for key, value in (("time_s", time_s), ("replica", replica), ("waiting", waiting), ("running", running),
-                           ("kv_utilization", kv_utilization), ("batch_tokens", batch_tokens),
+                           ("tokens_in_flight", tokens_in_flight), ("kv_utilization", kv_utilization),
+                           ("batch_tokens", batch_tokens),
                            ("finished", finished), ("output_tokens", output_tokens)):
             ts[key].append(value)
 

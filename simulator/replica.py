@@ -165,9 +165,10 @@ class Replica:
         return len(finished)
 
     def _sample(self, now: float, batch_tokens: int) -> None:
-        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines),
-                             sum(len(e.scheduler.running) for e in self.engines), self.kv_utilization,
-                             batch_tokens, self.finished_requests, self.output_tokens)
+        running = [seq for e in self.engines for seq in e.scheduler.running]
+        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines), len(running),
+                             sum(len(seq.token_ids) for seq in running), self.kv_utilization, batch_tokens,
+                             self.finished_requests, self.output_tokens)
 
     @property
     def kv_utilization(self) -> float:

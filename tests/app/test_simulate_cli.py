@@ -25,7 +25,7 @@ def test_simulate_json_and_out_dir(tmp_path) -> None:
     assert len(requests) == 60 and {"ttft_s", "tpot_s", "e2e_s", "queue_s"} <= set(requests.columns)
     assert len(pd.read_parquet(tmp_path / "timeseries.parquet")) > 0
     html = (tmp_path / "report.html").read_text()
-    assert "Latency CDFs" in html and "plotly" in html.lower()
+    assert "Latency CDFs" in html and "Where time goes" in html and "plotly" in html.lower()
 
 
 def test_simulate_is_deterministic_for_a_seed() -> None:

@@ -133,7 +133,11 @@ def test_summary_has_the_documented_shape_and_valid_values() -> None:
     assert s["ttft_s"]["p50"] <= s["ttft_s"]["p90"] <= s["ttft_s"]["p99"]
     # ITL from the histogram agrees with the per-request TPOT (they average the same gaps).
     assert s["itl_s"]["mean"] == pytest.approx(s["tpot_s"]["mean"], rel=0.05)
-    assert len(result.timeseries) > 10 and result.timeseries["kv_utilization"].between(0, 1).all()
+    ts = result.timeseries
+    assert len(ts) > 10 and ts["kv_utilization"].between(0, 1).all()
+    # Tokens in flight: at least one per running request, and never more than the KV cache holds.
+    assert (ts["tokens_in_flight"] >= ts["running"]).all()
+    assert (ts["tokens_in_flight"] <= result.memory.kv_tokens).all()
 
 
 def test_memory_plan_names_the_fix_when_the_model_does_not_fit() -> None:
