@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence as Seq
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.sequence import Sequence
 
 NO_PARENT = -1
+new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level constructor
 
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -27,8 +28,9 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-@dataclass(slots=True)
-class _CachedBlock:
+class _CachedBlock(NamedTuple):
+    """A registered block's identity (a NamedTuple: one is made per block filled)."""
+
     block_hash: int
     token_ids: tuple[int, ...]
     parent_id: int
@@ -121,22 +123,22 @@ class BlockManager:
         if len(hashes) < seq.num_registered_blocks:
             self._block_hashes(seq, seq.num_registered_blocks)
         bs = self.block_size
+        token_ids, table, generations = seq.token_ids, seq.block_table, self.generations
+        cached, by_hash, hash_fn = self._cached, self._by_hash, self.hash_fn
         for i in range(seq.num_registered_blocks, num_full):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
             if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
-                hashes.append(self.hash_fn(hashes[-1] if hashes else None, tokens))
-            block_id = seq.block_table[i]
-            if block_id in self._cached:
+                hashes.append(hash_fn(hashes[-1] if hashes else None, tokens))
+            block_id = table[i]
+            if block_id in cached:
                 continue  # a prefix hit: already registered
-            if i > 0:
-                parent_id = seq.block_table[i - 1]
-                parent_gen = self.generations[parent_id]
-            else:
-                parent_id, parent_gen = NO_PARENT, 0
-            if hashes[i] in self._by_hash:
+            block_hash = hashes[i]
+            if block_hash in by_hash:
                 continue  # same content computed twice concurrently, or a collision: keep the first
-            self._cached[block_id] = _CachedBlock(hashes[i], tokens, parent_id, parent_gen)
-            self._by_hash[hashes[i]] = block_id
+            parent_id = table[i - 1] if i else NO_PARENT
+            parent_gen = generations[parent_id] if i else 0
+            cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id, parent_gen))
+            by_hash[block_hash] = block_id
         seq.num_registered_blocks = num_full
 
     # -- allocation ---------------------------------------------------------------------------
