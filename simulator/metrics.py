@@ -42,6 +42,14 @@ class Recorder:
         "time_s": [], "replica": [], "waiting": [], "running": [], "tokens_in_flight": [], "kv_utilization": [],
         "batch_tokens": [], "finished": [], "output_tokens": []})
 
+    _pending_gaps: list = field(default_factory=list)
+
+    def _flush_gaps(self) -> None:
+        if self._pending_gaps:
+            gaps = np.concatenate(self._pending_gaps)
+            self.itl_counts += np.bincount(_itl_bins(gaps), minlength=len(self.itl_counts))
+            self._pending_gaps = []
+
     def on_progress(self, callback, every: int = 1) -> None:
         """callback(number of requests done) after every `every` finished or rejected requests."""
         self._progress, self._progress_every = callback, every
@@ -69,7 +77,10 @@ class Recorder:
         if len(times) > 1:
             gaps = np.diff(times)
             c["itl_max_s"].append(float(gaps.max()))
-            self.itl_counts += np.bincount(_itl_bins(gaps), minlength=len(self.itl_counts))
+            # Binned in batches: one bincount per few thousand requests, not one per request.
+            self._pending_gaps.append(gaps)
+            if len(self._pending_gaps) >= 4096:
+                self._flush_gaps()
         else:
             c["itl_max_s"].append(math.nan)
         self._done()
@@ -111,6 +122,7 @@ class Recorder:
         return pd.DataFrame(self.timeseries)
 
     def itl_percentile(self, q: float) -> float:
+        self._flush_gaps()
         total = self.itl_counts.sum()
         if total == 0:
             return math.nan
@@ -118,6 +130,7 @@ class Recorder:
         return _itl_bin_center(index)
 
     def itl_mean(self) -> float:
+        self._flush_gaps()
         total = self.itl_counts.sum()
         if total == 0:
             return math.nan
