@@ -89,9 +89,11 @@ class ValidationSetup:
                          enable_prefix_caching=self.enable_prefix_caching,
                          enable_chunked_prefill=self.enable_chunked_prefill, seed=self.seed)
 
-    def lengths(self) -> list[LengthPair]:
+    def lengths(self, num: int | None = None, seed: int | None = None) -> list[LengthPair]:
+        """num (default num_requests) request lengths drawn with seed (default the setup's)."""
         pairs = load_length_pairs(self.lengths_file) if self.lengths_file else load_length_pairs()
-        return sample_lengths(pairs, self.num_requests, self.seed, self.length_scale, self.max_total_tokens)
+        return sample_lengths(pairs, num or self.num_requests, self.seed if seed is None else seed,
+                              self.length_scale, self.max_total_tokens)
 
 
 def workload_at(lengths: list[LengthPair], rate: float, seed: int, name: str) -> Workload:
@@ -156,7 +158,7 @@ def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
     from engine.config import ModelConfig
 
     path = folder / "validation-profile.jsonl"
-    config = ModelConfig.from_hf(setup.model if isinstance(setup.model, dict) else setup.model)
+    config = ModelConfig.from_hf(setup.model)
     profiler = Profiler(config, device=setup.device, dtype=setup.dtype,
                         grid=ProfileGrid.for_budget(setup.max_num_batched_tokens, setup.max_total_tokens))
     profiler.run(path, on_progress=(lambda d, t: on_progress("profile", d, t)) if on_progress else None)
@@ -205,7 +207,6 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
     capacity_rps = capacity.summary["throughput"]["requests_per_s"]
     results = []
-    engine_model = setup.model
     for name, fraction in setup.levels.items():
         rate = fraction * capacity_rps
         workload = workload_at(lengths, rate, setup.seed + 1, name)
@@ -221,10 +222,11 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
             # Train / test: engine steps of *other* requests (other seeds) at a light and a heavy
             # load, just before this level, calibrate the framework terms with the forward points.
             for k, fraction in enumerate(CALIBRATION_LOADS):
-                calibration += observed_steps(setup, lengths_for(setup, setup.seed + 1000 + 10 * len(results) + k),
-                                              fraction * capacity_rps, level_config, level_model)
+                lengths_k = setup.lengths(max(2, setup.calibration_requests // len(CALIBRATION_LOADS)),
+                                          setup.seed + 1000 + 10 * len(results) + k)
+                calibration += observed_steps(setup, lengths_k, fraction * capacity_rps, level_config, level_model)
         level_model.fit_framework(Profile.load(level_profile), calibration)
-        engine = LLMEngine.from_config(engine_model, setup.engine_config(), seed=setup.seed)
+        engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
         engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
         requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
         done = [0]
@@ -271,12 +273,6 @@ def record_steps(engine) -> list[tuple[list, float]]:
     scheduler.schedule = recording_schedule
     engine.step = timed_step
     return steps
-
-
-def lengths_for(setup: ValidationSetup, seed: int) -> list[LengthPair]:
-    pairs = load_length_pairs(setup.lengths_file) if setup.lengths_file else load_length_pairs()
-    num = max(2, setup.calibration_requests // len(CALIBRATION_LOADS))
-    return sample_lengths(pairs, num, seed, setup.length_scale, setup.max_total_tokens)
 
 
 def observed_steps(setup: ValidationSetup, lengths: list[LengthPair], rate: float, config: SimConfig,

@@ -117,13 +117,11 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     busy = sum(r.busy_s for r in replicas) / (config.replicas * config.pp)
     peak = cost_model.peak_flops(config.compute_dtype)
     usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
-    gpu_hours = gpus * duration / 3600.0
-    cost = {"usd_per_hour": usd_per_hour, "gpu_hours": gpu_hours,
-            "usd": usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None,
-            "usd_per_million_output_tokens": (usd_per_hour * duration / 3600.0 / output_tokens * 1e6
-                                              if usd_per_hour is not None and output_tokens else None),
-            "usd_per_million_tokens": (usd_per_hour * duration / 3600.0 / (output_tokens + prompt_tokens) * 1e6
-                                       if usd_per_hour is not None and output_tokens else None)}
+    usd = usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None
+    per_million = usd is not None and output_tokens > 0
+    cost = {"usd_per_hour": usd_per_hour, "gpu_hours": gpus * duration / 3600.0, "usd": usd,
+            "usd_per_million_output_tokens": usd / output_tokens * 1e6 if per_million else None,
+            "usd_per_million_tokens": usd / (output_tokens + prompt_tokens) * 1e6 if per_million else None}
     kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
     step_time_total = split.prefill_s + split.decode_s + split.communication_s + split.overhead_s
     return {

@@ -21,18 +21,16 @@ from engine.sequence import RequestStatus
 
 
 def is_steady(scheduler: Scheduler, out: SchedulerOutput, finished: int, waiting_when_scheduled: int,
-              all_decodes: bool | None = None) -> bool:
+              all_decodes: bool) -> bool:
     """Did this step leave the scheduler in a steady decode state? waiting_when_scheduled: the
     queue's length when the step was scheduled -- a request that arrived during the step has not
     been offered admission yet (one that queued behind a blocked head is as blocked as the head).
-    all_decodes: whether every chunk was a one-token decode, when the caller knows."""
+    all_decodes: whether every chunk was a one-token decode, not prefill (StepTimer.last_all_decodes)."""
     if finished or out.preempted or len(out.chunks) != len(scheduler.running):
         return False
     if scheduler.waiting and not waiting_when_scheduled:
         return False
-    if all_decodes is not None:  # already known (StepTimer.last_all_decodes)
-        return all_decodes
-    return all(c.num_tokens == 1 and not c.is_prefill for c in out.chunks)
+    return all_decodes
 
 
 def steady_steps(scheduler: Scheduler, limit: int) -> int:

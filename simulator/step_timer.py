@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
@@ -62,7 +63,8 @@ class StepTimer:
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
         self._tokens: dict[int, tuple[float, float]] = {}
         self._prefill: dict[tuple[int, int], float] = {}
-        self._decode: dict[tuple[int, int], float] = {}
+        self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
+        self._padded: dict[tuple[int, int], float] = {}  # (batch, padded context) of one padded group
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
         m, tp = self.model, self.tp
@@ -115,7 +117,7 @@ class StepTimer:
         total = 0.0
         groups = padded_decode_batches(context_lens, self.block_size)
         for batch, padded in groups:
-            total += self._memo(self._decode, (batch, -padded), lambda b=batch, p=padded: self._decode_group(b, p))
+            total += self._memo(self._padded, (batch, padded), lambda b=batch, p=padded: self._decode_group(b, p))
         return total, len(groups)
 
     def _decode_group(self, batch: int, padded: int) -> float:
@@ -150,28 +152,6 @@ class StepTimer:
         """Extra time of the first step after idle_s seconds without work (profiled devices)."""
         return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
 
-    def _decode_only(self, n: int, decode_context: int) -> float:
-        """step() for n decodes of total context decode_context (same arithmetic, no chunks)."""
-        self.last_sampled = n
-        compute_s, comm_s = self.token_ops(n)
-        prefill_s = 0.0
-        decode_s = self.decode_attention(n, decode_context)
-        head_s = self.head(n)
-        if self._operator_scale != 1.0:
-            scale = self._operator_scale
-            compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
-                                                              decode_s * scale, head_s * scale)
-        overhead_s = self.overhead(n, 0, 1, n)
-        split = self.split
-        split.prefill_s += prefill_s + (compute_s + head_s) * 0.0
-        split.decode_s += decode_s + (compute_s + head_s) * 1.0
-        split.communication_s += comm_s
-        split.overhead_s += overhead_s
-        split.flops += (self._flops_per_token * n + self._flops_per_sample * n + self._attention_flops_per_key * (0 + decode_context))
-        split.bytes_moved += self._weight_bytes + self._kv_bytes_per_token * (decode_context + 0)
-        split.steps += 1
-        return compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s
-
     def steady_decode_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
         """End times of up to `steps` steady decode steps from start_s (each running request decoding
         one token per step), stopping before a step would end after limit_s. The steps returned are
@@ -181,30 +161,26 @@ class StepTimer:
         n = len(running)
         context = sum(seq.num_computed_tokens + 1 for seq in running)
         for k in range(steps):
-            split = self.split
-            snapshot = (split.prefill_s, split.decode_s, split.communication_s, split.overhead_s, split.flops,
-                        split.bytes_moved, split.steps)
             if self._pads:  # the engine's padded groups depend on every context: build the step
-                step_s = self.step([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
-                                    for s in running])
-            else:
-                step_s = self._decode_only(n, context)
-            if now + step_s > limit_s:
-                self._restore_split(snapshot)
+                parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
+                                     for s in running])
+            else:  # n decodes of total context `context`: step()'s arithmetic without the chunks
+                self.last_sampled = n
+                parts = self._complete(n, n, n, context, 0, 0.0, 0, 0, n, self.decode_attention(n, context), 1)
+            if now + parts.total_s > limit_s:
                 break
-            now += step_s
+            now += self._record(parts)
             times.append(now)
             context += n
         return times
 
-    def _restore_split(self, snapshot) -> None:
-        split = self.split
-        (split.prefill_s, split.decode_s, split.communication_s, split.overhead_s, split.flops, split.bytes_moved,
-         split.steps) = snapshot
-
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
         """Seconds for the step that computes these chunks; adds it to `split`."""
+        parts = self._parts(chunks)
+        return self._record(parts) if parts is not None else 0.0
+
+    def _parts(self, chunks: Seq[ScheduledChunk]) -> "_StepParts | None":
         tokens = sampled = decodes = decode_context = prefill_tokens = 0
         prefill_s = 0.0
         keys = prefill_context = 0
@@ -230,8 +206,7 @@ class StepTimer:
         self.last_sampled = sampled
         self.last_all_decodes = steady
         if not tokens:
-            return 0.0
-        compute_s, comm_s = self.token_ops(tokens)
+            return None
         groups = 1 if decodes else 0
         if not decodes:
             decode_s = 0.0
@@ -239,20 +214,49 @@ class StepTimer:
             decode_s, groups = self.padded_decode_attention(contexts)
         else:
             decode_s = self.decode_attention(decodes, decode_context)
+        return self._complete(tokens, sampled, decodes, decode_context, prefill_tokens, prefill_s, keys,
+                              prefill_context, len(chunks), decode_s, groups)
+
+    def _complete(self, tokens: int, sampled: int, decodes: int, decode_context: int, prefill_tokens: int,
+                  prefill_s: float, keys: int, prefill_context: int, num_chunks: int, decode_s: float,
+                  groups: int) -> "_StepParts":
+        """The token-proportional, head and host parts of a step whose attention is known."""
+        compute_s, comm_s = self.token_ops(tokens)
         head_s = self.head(sampled) if sampled else 0.0
         if self._operator_scale != 1.0:  # operators in situ vs timed alone (CostModel.fit_framework)
             scale = self._operator_scale
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)
-        overhead_s = self.overhead(len(chunks), len(chunks) - decodes, groups, tokens)
+        overhead_s = self.overhead(num_chunks, num_chunks - decodes, groups, tokens)
+        return _StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
+                          self._flops_per_token * tokens + self._flops_per_sample * sampled
+                          + self._attention_flops_per_key * (keys + decode_context),
+                          self._weight_bytes + self._kv_bytes_per_token * (decode_context + prefill_context))
+
+    def _record(self, parts: "_StepParts") -> float:
+        """Add a step's parts to `split`; its time."""
         split = self.split
-        prefill_share = prefill_tokens / tokens
-        split.prefill_s += prefill_s + (compute_s + head_s) * prefill_share
-        split.decode_s += decode_s + (compute_s + head_s) * (1.0 - prefill_share)
-        split.communication_s += comm_s
-        split.overhead_s += overhead_s
-        split.flops += (self._flops_per_token * tokens + self._flops_per_sample * sampled
-                        + self._attention_flops_per_key * (keys + decode_context))
-        split.bytes_moved += self._weight_bytes + self._kv_bytes_per_token * (decode_context + prefill_context)
+        split.prefill_s += parts.prefill_s + (parts.compute_s + parts.head_s) * parts.prefill_share
+        split.decode_s += parts.decode_s + (parts.compute_s + parts.head_s) * (1.0 - parts.prefill_share)
+        split.communication_s += parts.comm_s
+        split.overhead_s += parts.overhead_s
+        split.flops += parts.flops
+        split.bytes_moved += parts.bytes_moved
         split.steps += 1
-        return compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s
+        return parts.total_s
+
+
+class _StepParts(NamedTuple):
+    compute_s: float
+    comm_s: float
+    prefill_s: float
+    decode_s: float
+    head_s: float
+    overhead_s: float
+    prefill_share: float
+    flops: float
+    bytes_moved: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.prefill_s + self.decode_s + self.head_s + self.overhead_s

@@ -204,14 +204,16 @@ def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> W
         path, *items = split_spec(text)
         opts = _Options(parse_options(items, Path(path).name), Path(path).name)
         skip_bad = opts.get("skip_bad", "0") not in ("0", "false", "no")
-        workload, pairs = read_trace(path, skip_bad)
+        workload, lengths = read_trace(path, skip_bad)
         known = KNOWN_FILE
-        if pairs is not None:
+        if lengths is not None:
+            pairs = lengths.pairs
             rng = np.random.default_rng(int(opts.number("seed", seed)))
             num = opts.number("num", len(pairs), integer=True)
             picks = rng.integers(0, len(pairs), size=num) if num != len(pairs) else np.arange(num)
             arrivals = _arrivals(opts, num, rng, None)
             workload = make_workload(Path(path).stem, [(float(a), *pairs[i], ()) for a, i in zip(arrivals, picks)])
+            workload.skipped = lengths.skipped
         else:
             for key in ("rate", "arrival", "cv", "num", "seed"):
                 if opts.get(key) is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -42,12 +43,16 @@ class _Rows:
     def bad_row(self, line: int, reason: str) -> None:
         self.bad.append(f"{self.path.name}:{line}: {reason}")
 
-    def workload(self, segment_tokens: int = 0) -> Workload:
+    def check(self) -> None:
+        """Raise with the bad rows, unless they are to be skipped."""
         if self.bad and not self.skip_bad:
             shown = "; ".join(self.bad[:_SHOWN_ERRORS])
             more = f" (and {len(self.bad) - _SHOWN_ERRORS} more)" if len(self.bad) > _SHOWN_ERRORS else ""
             raise WorkloadError(f"{len(self.bad)} bad row(s) in {self.path}: {shown}{more}. Fix the rows, or "
                                 "add skip_bad=1 to the trace spec to skip them (they are then listed)")
+
+    def workload(self, segment_tokens: int = 0) -> Workload:
+        self.check()
         if not self.rows:
             raise WorkloadError(f"{self.path} holds no usable requests")
         w = make_workload(self.path.stem, self.rows, segment_tokens)
@@ -89,8 +94,16 @@ def _azure_time(value: str) -> float:
     return t.timestamp() + (float("0." + fraction) if fraction else 0.0)
 
 
-def read_csv_trace(path: Path, skip_bad: bool = False) -> tuple[Workload | None, list[tuple[int, int]] | None]:
-    """A timed CSV trace -> (workload, None); a length-only CSV -> (None, length pairs)."""
+@dataclass
+class LengthRows:
+    """A length-only file: (prompt, output) pairs, and the bad rows skipped on request."""
+
+    pairs: list[tuple[int, int]]
+    skipped: list[str]
+
+
+def read_csv_trace(path: Path, skip_bad: bool = False) -> tuple[Workload | None, LengthRows | None]:
+    """A timed CSV trace -> (workload, None); a length-only CSV -> (None, its length rows)."""
     rows = _Rows(path, skip_bad)
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -111,11 +124,10 @@ def read_csv_trace(path: Path, skip_bad: bool = False) -> tuple[Workload | None,
                     pairs.append((_positive_int(row[lengths[0]], lengths[0]), _positive_int(row[lengths[1]], lengths[1])))
                 except ValueError as exc:
                     rows.bad_row(reader.line_num, str(exc))
-            if rows.bad and not skip_bad:
-                rows.workload()  # raises with the bad rows
+            rows.check()
             if not pairs:
                 raise WorkloadError(f"{path} holds no usable requests")
-            return None, pairs
+            return None, LengthRows(pairs, list(rows.bad))
         time_col, prompt_col, output_col = columns
         for row in reader:
             try:
@@ -155,8 +167,8 @@ def read_mooncake(path: Path, skip_bad: bool = False) -> Workload:
     return rows.workload(MOONCAKE_BLOCK_TOKENS).from_zero()
 
 
-def read_trace(path: str | Path, skip_bad: bool = False) -> tuple[Workload | None, list[tuple[int, int]] | None]:
-    """(workload, None) for a timed trace; (None, length pairs) for a length-only file."""
+def read_trace(path: str | Path, skip_bad: bool = False) -> tuple[Workload | None, LengthRows | None]:
+    """(workload, None) for a timed trace; (None, length rows) for a length-only file."""
     path = Path(path)
     if not path.is_file():
         raise WorkloadError(f"no trace file at {path}: give a CSV (Azure, Vidur/Splitwise, lengths) or a "

@@ -122,3 +122,11 @@ def test_real_shared_traces_load() -> None:
     assert [r.prompt_tokens for r in conv.requests[:50]] == [r.prompt_tokens for r in azure.requests[:50]]
     mooncake = load_workload(str(SHARED / "conversation_trace.jsonl"))
     assert len(mooncake) == 12031 and mooncake.requests[0].segment_tokens == 512
+
+
+def test_skipped_rows_of_a_length_only_file_are_listed(tmp_path) -> None:
+    f = write(tmp_path / "lengths.csv", "num_prefill_tokens,num_decode_tokens\n10,5\nx,5\n12,6\n")
+    with pytest.raises(WorkloadError, match=r"lengths\.csv:3"):
+        load_workload(f + ",rate=5")
+    w = load_workload(f + ",rate=5,skip_bad=1")
+    assert len(w) == 2 and w.skipped == ["lengths.csv:3: num_prefill_tokens must be a whole number, got 'x'"]
