@@ -24,9 +24,13 @@ def validation_message(exc: ValidationError) -> str:
 
 
 def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console):
+    from simulator.cost_model import CostModel
     from simulator.run import simulate
     from simulator.synthetic import load_workload
 
+    # Everything that can fail on bad input fails here, before the progress bar.
+    config.check()
+    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
     workload = load_workload(trace, seed=config.seed, rate_scale=rate_scale)
     for line in workload.skipped[:5]:
         console.print(f"skipped bad row {line}")
@@ -35,7 +39,8 @@ def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console
     with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=as_json) as progress:
         task = progress.add_task("simulate", total=len(workload))
-        return simulate(config, workload, progress=lambda done, total: progress.update(task, completed=done))
+        return simulate(config, workload, cost_model,
+                        progress=lambda done, total: progress.update(task, completed=done))
 
 
 def write_outputs(out: Path, result) -> None:

@@ -63,15 +63,13 @@ def validate_command(
     try:
         if num_requests < 2:
             raise ValueError("--num-requests must be at least 2")
-        if calibration_requests < 0:
-            raise ValueError("--calibration-requests must be 0 or more")
         setup = ValidationSetup(model=model or DEMO_MODEL, num_requests=num_requests,
                                 lengths_file=str(lengths) if lengths else None, length_scale=length_scale,
                                 max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
                                 dtype=dtype, seed=seed, threads=threads or None,
                                 calibration_requests=calibration_requests)
-        setup.engine_config()  # bad engine settings fail here, before any profiling
+        setup.check()  # bad settings fail here, before any profiling
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:
             tasks: dict[str, int] = {}

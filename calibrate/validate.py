@@ -73,6 +73,21 @@ class ValidationSetup:
                             enable_chunked_prefill=self.enable_chunked_prefill, device=self.device, dtype=self.dtype,
                             seed=self.seed)
 
+    def check(self) -> None:
+        """Raise ValueError naming the setting and the fix, before anything is profiled or served."""
+        from engine.config import CacheConfig, ModelConfig
+
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1 (or unset for torch's choice), got {self.threads}")
+        if self.calibration_requests < 0:
+            raise ValueError(f"calibration requests must be 0 or more, got {self.calibration_requests}")
+        if not self.length_scale > 0:
+            raise ValueError(f"length scale must be positive, got {self.length_scale}")
+        CacheConfig(self.block_size, self.num_blocks)
+        model = ModelConfig.from_hf(self.model)
+        self.engine_config().scheduler_config(model)  # max_model_len against the model, budget vs length
+        self.lengths()  # the lengths file is readable and valid
+
     def config_path(self, folder: Path) -> str:
         if isinstance(self.model, str):
             return self.model

@@ -83,3 +83,17 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     assert errors["measured"].gt(0).all() and errors["predicted"].gt(0).all()
     assert all(v["steps"] > 0 for v in report["step_time"].values())
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threads", "-1"], "threads must be at least 1"),
+    (["--num-blocks", "0"], "0 blocks"),
+    (["--max-total-tokens", "5000"], "exceeds the model's max_position_embeddings"),
+    (["--length-scale", "0"], "length scale must be positive"),
+    (["--lengths", "/nonexistent.csv"], "no length file"),
+    (["--calibration-requests", "-1"], "calibration requests"),
+])
+def test_validate_bad_settings_fail_before_any_profiling(args, message) -> None:
+    result = runner.invoke(app, ["validate", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
