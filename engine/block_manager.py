@@ -96,11 +96,13 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.sampling.return_prompt_logits:
             return []
         num_full = (seq.num_tokens - 1) // self.block_size
-        hashes = self._block_hashes(seq, num_full)
+        hashes = seq.block_hashes
         bs = self.block_size
         found: list[int] = []
         parent_id, parent_gen = NO_PARENT, 0
         for i in range(num_full):
+            if i == len(hashes):  # hashed as far as the lookup goes: a miss ends it (registration extends it)
+                hashes.append(self.hash_fn(hashes[-1] if hashes else None, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
             block_id = self._by_hash.get(hashes[i])
             if block_id is None:
                 break
@@ -125,10 +127,12 @@ class BlockManager:
         bs = self.block_size
         token_ids, table, generations = seq.token_ids, seq.block_table, self.generations
         cached, by_hash, hash_fn = self._cached, self._by_hash, self.hash_fn
+        inline_hash = hash_fn is chain_hash  # the default, called inline in this per-block loop
         for i in range(seq.num_registered_blocks, num_full):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
             if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
-                hashes.append(hash_fn(hashes[-1] if hashes else None, tokens))
+                parent = hashes[-1] if hashes else None
+                hashes.append(hash((parent, tokens)) if inline_hash else hash_fn(parent, tokens))
             block_id = table[i]
             if block_id in cached:
                 continue  # a prefix hit: already registered
@@ -153,7 +157,7 @@ class BlockManager:
         total_tokens = seq.num_computed_tokens + num_reused * self.block_size + num_new_tokens
         num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
         # Reused blocks that are free leave the free pool too.
-        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
+        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0) if num_reused else 0
         if max(num_new_blocks, 0) + num_revived > len(self._free):
             return False
         for block_id in computed_blocks:
@@ -163,13 +167,29 @@ class BlockManager:
             seq.block_table.append(block_id)
         if num_reused:
             seq.num_registered_blocks = len(seq.block_table)
-        for _ in range(num_new_blocks):
-            block_id, _ = self._free.popitem(last=False)
-            self._evict(block_id)
-            self.generations[block_id] += 1
-            self.ref_counts[block_id] = 1
-            seq.block_table.append(block_id)
+        pop_free, cached, by_hash = self._free.popitem, self._cached, self._by_hash
+        generations, ref_counts, table = self.generations, self.ref_counts, seq.block_table
+        for _ in range(num_new_blocks):  # _take_free_block, inlined: this runs per block of every prompt
+            block_id = pop_free(last=False)[0]
+            entry = cached.pop(block_id, None)
+            if entry is not None and by_hash.get(entry.block_hash) == block_id:
+                del by_hash[entry.block_hash]
+            generations[block_id] += 1
+            ref_counts[block_id] = 1
+            table.append(block_id)
         return True
+
+    def allocate_block(self, seq: Sequence) -> None:
+        """Give the sequence one new block; the caller knows the pool has one free."""
+        seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        """The next free block in eviction order, evicted from the prefix cache and handed out anew."""
+        block_id = self._free.popitem(last=False)[0]
+        self._evict(block_id)
+        self.generations[block_id] += 1
+        self.ref_counts[block_id] = 1
+        return block_id
 
     def _evict(self, block_id: int) -> None:
         entry = self._cached.pop(block_id, None)

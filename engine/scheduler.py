@@ -221,12 +221,20 @@ class Scheduler:
             num_total = len(seq.token_ids)
             if (params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids)
                     or num_total - len(seq.prompt_token_ids) >= params.max_tokens or num_total >= max_model_len):
-                status = self._stop_status(seq, token)
-                if status is not None:
-                    self.running.remove(seq)
-                    self._finish(seq, status, now)
-                    finished.append(FinishedRequest(seq.request_id, status.value))
+                done = self.stop_if_done(seq, token, now)
+                if done is not None:
+                    finished.append(done)
         return finished
+
+    def stop_if_done(self, seq: Sequence, token: int, now: float) -> FinishedRequest | None:
+        """Finish a running request if its last token (token) meets a stop rule: it leaves the
+        running set and its blocks are freed."""
+        status = self._stop_status(seq, token)
+        if status is None:
+            return None
+        self.running.remove(seq)
+        self._finish(seq, status, now)
+        return FinishedRequest(seq.request_id, status.value)
 
     def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:
         params = seq.sampling

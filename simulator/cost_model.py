@@ -33,6 +33,7 @@ from simulator.efficiency import (
     DTYPE_BYTES,
     EfficiencyCurve,
     decode_attention_work,
+    decode_attention_work_total,
     elementwise_work,
     gemm_work,
     kv_write_work,
@@ -312,6 +313,17 @@ class CostModel:
 
     def curve_used(self, key: str) -> str:
         """The curve that serves an operator: its own, or the first fallback that exists."""
+        # Remembered while the set of curves is unchanged (curves are added or refitted, never removed).
+        version = (id(self.curves), len(self.curves))
+        memo = self.__dict__.get("_curve_used_memo")
+        if memo is None or memo[0] != version:
+            memo = self._curve_used_memo = (version, {})
+        used = memo[1].get(key)
+        if used is None:
+            used = memo[1][key] = self._resolve_curve(key)
+        return used
+
+    def _resolve_curve(self, key: str) -> str:
         k: str | None = key
         while k is not None:
             if k in self.curves:
@@ -381,15 +393,21 @@ class CostModel:
 
     def predict_attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
                                  head_dim: int, dtype: str) -> Prediction:
-        dtype = canonical_dtype(dtype)
         kv_lens = [kv_len] * batch if isinstance(kv_len, int) else list(kv_len)
         if len(kv_lens) != batch:
             raise ValueError(f"attention_decode: {len(kv_lens)} context lengths for a batch of {batch}")
-        work = decode_attention_work(kv_lens, num_heads, num_kv_heads, head_dim, dtype)
-        # A profile measures equal lengths; unequal ones are looked up at the batch's mean length.
-        mean_len = max(1, round(sum(kv_lens) / batch))
+        return self.predict_attention_decode_total(batch, sum(kv_lens), num_heads, num_kv_heads, head_dim, dtype)
+
+    def predict_attention_decode_total(self, batch: int, total_kv: int, num_heads: int, num_kv_heads: int,
+                                       head_dim: int, dtype: str) -> Prediction:
+        """Decode attention of `batch` requests attending to total_kv keys in all: the work depends
+        on no more than that, and a profile (equal lengths) is read at the batch's mean length."""
+        dtype = canonical_dtype(dtype)
+        mean_len = max(1, round(total_kv / batch))
         return self._lookup(("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype), mean_len,
-                            lambda: self._model(curve_key("attention_decode", head_dim=head_dim), *work, dtype))
+                            lambda: self._model(curve_key("attention_decode", head_dim=head_dim),
+                                                *decode_attention_work_total(total_kv, batch, num_heads, num_kv_heads,
+                                                                             head_dim, dtype), dtype))
 
     def attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: str) -> float:
@@ -580,6 +598,14 @@ class CostModel:
             return
         cost.add("attention_decode", self.predict_attention_decode(
             len(context_lens), context_lens, heads, kv_heads, model.head_dim, dtype), layers)
+
+    def add_decode_attention_total(self, cost: StepCost, batch: int, total_context: int, model: ModelSpec, tp: int,
+                                   dtype: str) -> None:
+        """add_decode_attention of one batch of paged decodes, given only their number and total context
+        (all the work depends on)."""
+        heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        cost.add("attention_decode", self.predict_attention_decode_total(
+            batch, total_context, heads, kv_heads, model.head_dim, dtype), model.num_layers)
 
     def add_head(self, cost: StepCost, sampled: int, model: ModelSpec, tp: int, dtype: str) -> None:
         """The LM head and sampling over the rows that sample a token."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -34,9 +35,14 @@ class EfficiencyCurve:
 
     def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float, additive: bool = False) -> float:
         """additive: the two sides run one after the other (a gather, then the math) instead of overlapping."""
-        compute = _soft_floor(flops / peak_flops / self.ec_max, math.exp(self.log_fc), self.pc) if flops > 0 else 0.0
-        memory = _soft_floor(nbytes / bandwidth / self.em_max, math.exp(self.log_fm), self.pm) if nbytes > 0 else 0.0
+        floor_c, floor_m = self._floors
+        compute = _soft_floor(flops / peak_flops / self.ec_max, floor_c, self.pc) if flops > 0 else 0.0
+        memory = _soft_floor(nbytes / bandwidth / self.em_max, floor_m, self.pm) if nbytes > 0 else 0.0
         return self.t0 + (compute + memory if additive else max(compute, memory))
+
+    @cached_property
+    def _floors(self) -> tuple[float, float]:
+        return math.exp(self.log_fc), math.exp(self.log_fm)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -75,9 +81,14 @@ def prefill_attention_work(q_len: int, kv_len: int, num_heads: int, num_kv_heads
 
 def decode_attention_work(kv_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
                           dtype: str) -> tuple[float, float]:
-    total = sum(kv_lens)
-    flops = 4.0 * total * num_heads * head_dim
-    nbytes = (2 * total * num_kv_heads + 2 * len(kv_lens) * num_heads) * head_dim * DTYPE_BYTES[dtype]
+    return decode_attention_work_total(sum(kv_lens), len(kv_lens), num_heads, num_kv_heads, head_dim, dtype)
+
+
+def decode_attention_work_total(total_kv: int, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                dtype: str) -> tuple[float, float]:
+    """decode_attention_work of a batch given its size and total context."""
+    flops = 4.0 * total_kv * num_heads * head_dim
+    nbytes = (2 * total_kv * num_kv_heads + 2 * batch * num_heads) * head_dim * DTYPE_BYTES[dtype]
     return flops, float(nbytes)
 
 

@@ -11,6 +11,7 @@ first; ITL = gaps between consecutive tokens of a request; E2E = finish - arriva
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -42,13 +43,33 @@ class Recorder:
         "time_s": [], "replica": [], "waiting": [], "running": [], "tokens_in_flight": [], "kv_utilization": [],
         "batch_tokens": [], "finished": [], "output_tokens": []})
 
-    _pending_gaps: list = field(default_factory=list)
+    # Token times of finished requests not yet binned: their gaps and itl_max_s are computed a few
+    # thousand requests at a time (one numpy pass, not one per request).
+    _pending_times: list = field(default_factory=list)
 
     def _flush_gaps(self) -> None:
-        if self._pending_gaps:
-            gaps = np.concatenate(self._pending_gaps)
-            self.itl_counts += np.bincount(_itl_bins(gaps), minlength=len(self.itl_counts))
-            self._pending_gaps = []
+        pending = self._pending_times
+        if not pending:
+            return
+        self._pending_times = []
+        lengths = np.fromiter(map(len, pending), np.int64, len(pending))
+        times = np.fromiter(itertools.chain.from_iterable(pending), np.float64, int(lengths.sum()))
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        gaps = np.diff(times)
+        # Gap j joins times j and j + 1: it crosses into the next request when j + 1 starts one.
+        inside = np.ones(len(gaps), bool)
+        crossing = starts[(starts > 0) & (starts < len(times))] - 1
+        inside[crossing] = False
+        self.itl_counts += np.bincount(_itl_bins(gaps[inside]), minlength=len(self.itl_counts))
+        itl_max = np.full(len(pending), math.nan)
+        multi = lengths > 1
+        if multi.any():
+            masked = np.where(inside, gaps, -np.inf)
+            # Each multi-token request's segment runs to the next one's start: its own gaps, then
+            # crossing gaps (-inf) and single-token requests (no gaps of their own).
+            itl_max[multi] = np.maximum.reduceat(masked, starts[multi])
+        self.columns["itl_max_s"].extend(itl_max.tolist())
 
     def on_progress(self, callback, every: int = 1) -> None:
         """callback(number of requests done) after every `every` finished or rejected requests."""
@@ -74,15 +95,9 @@ class Recorder:
         c["finish_s"].append(seq.finish_time)
         c["preemptions"].append(seq.num_preemptions)
         c["cached_prompt_tokens"].append(seq.num_cached_prompt_tokens)
-        if len(times) > 1:
-            gaps = np.diff(times)
-            c["itl_max_s"].append(float(gaps.max()))
-            # Binned in batches: one bincount per few thousand requests, not one per request.
-            self._pending_gaps.append(gaps)
-            if len(self._pending_gaps) >= 4096:
-                self._flush_gaps()
-        else:
-            c["itl_max_s"].append(math.nan)
+        self._pending_times.append(times)
+        if len(self._pending_times) >= 4096:
+            self._flush_gaps()
         self._done()
 
     def reject(self, request_id: int, arrival_s: float, prompt: int, output: int, reason: str) -> None:
@@ -100,6 +115,7 @@ class Recorder:
 
     # -- tables ---------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
+        self._flush_gaps()
         df = pd.DataFrame({k: np.frombuffer(v, dtype=np.int64 if v.typecode == "q" else np.float64).copy()
                            for k, v in self.columns.items()})
         df["status"] = "finished"

@@ -133,36 +133,48 @@ class Replica:
                 engine.wakeup = None
 
     def _bulk_decode(self, engine: _VirtualEngine, now: float) -> float:
-        """Apply the steady decode steps that end before the next arrival; returns the new time."""
+        """Apply steady decode runs that end before the next arrival; returns the new time.
+
+        A run ends at the step where a request finishes; with nobody waiting, the requests left
+        are steady again at once, so the next run follows without a scheduler step."""
         scheduler = engine.scheduler
-        steps = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
-        if steps <= 0:
-            return now
-        times = self.timer.steady_decode_run(scheduler.running, steps, self.clock.next_arrival_s, now)
-        if not times:
-            return now
-        steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
-        self.busy_s += times[-1] - now
-        self.output_tokens += len(times) * len(scheduler.running)
-        now = times[-1]
-        if now >= self._next_sample_s:
-            self._next_sample_s = now + self.sample_every_s
-            self._sample(now, len(scheduler.running))
-        return now
+        while True:
+            steps = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
+            if steps <= 0:
+                return now
+            batch = len(scheduler.running)
+            times = self.timer.steady_decode_run(scheduler.running, steps, self.clock.next_arrival_s, now)
+            if not times:
+                return now
+            finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
+            self.busy_s += times[-1] - now
+            self.output_tokens += len(times) * batch
+            now = times[-1]
+            for done in finished:
+                self._retire(engine, done.request_id)
+            if now >= self._next_sample_s:
+                self._next_sample_s = now + self.sample_every_s
+                self._sample(now, batch)
+            if scheduler.waiting and finished:
+                return now  # freed blocks may admit the waiting: the scheduler decides
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int) -> int:
         finished = engine.scheduler.update(out, self._sampled, now)
         self.output_tokens += sampled
         for f in finished:
-            seq = engine.sequences.pop(f.request_id)
-            del self._sampled[f.request_id]
-            engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
-            self.finished_requests += 1
-            self.recorder.finish(seq, self.index)
+            self._retire(engine, f.request_id)
         if now >= self._next_sample_s:
             self._next_sample_s = now + self.sample_every_s
             self._sample(now, out.num_batched_tokens)
         return len(finished)
+
+    def _retire(self, engine: _VirtualEngine, request_id: str) -> None:
+        """Book a request the scheduler has finished."""
+        seq = engine.sequences.pop(request_id)
+        del self._sampled[request_id]
+        engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
+        self.finished_requests += 1
+        self.recorder.finish(seq, self.index)
 
     def _sample(self, now: float, batch_tokens: int) -> None:
         running = [seq for e in self.engines for seq in e.scheduler.running]

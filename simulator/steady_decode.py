@@ -7,16 +7,17 @@ finishes, or the block pool cannot give a growing request its next block. Waitin
 could not be admitted stay blocked meanwhile: the running set and the token budget do not change,
 and the free pool only shrinks (a cached prefix can only be evicted, never gained, in between).
 
-`steady_steps` finds how many of those steps can be taken in bulk (stopping one step short of the
-first finish, and before the pool would run dry or the next arrival), and `apply` performs them:
-the tokens, their times, and the block allocations and prefix-cache registrations in exactly the
-order the step-by-step scheduler would make them, so the block manager ends in the same state.
+`steady_steps` finds how many of those steps can be taken in bulk (up to and including the step
+in which the first request finishes, and before the pool would run dry or the next arrival), and
+`apply` performs them: the tokens, their times, the block allocations and prefix-cache
+registrations in exactly the order the step-by-step scheduler would make them, and the finishes
+of the last step, so the block manager ends in the same state.
 tests/simulator/test_steady_decode.py checks that runs with and without it agree exactly.
 """
 
 from __future__ import annotations
 
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import FinishedRequest, Scheduler, SchedulerOutput
 from engine.sequence import RequestStatus
 
 
@@ -26,9 +27,20 @@ def is_steady(scheduler: Scheduler, out: SchedulerOutput, finished: int, waiting
     queue's length when the step was scheduled -- a request that arrived during the step has not
     been offered admission yet (one that queued behind a blocked head is as blocked as the head).
     all_decodes: whether every chunk was a one-token decode, not prefill (StepTimer.last_all_decodes)."""
-    if finished or out.preempted or len(out.chunks) != len(scheduler.running):
+    if out.preempted:
         return False
-    if scheduler.waiting and not waiting_when_scheduled:
+    if not scheduler.waiting:
+        # Nobody to admit: the next steps are all decodes as soon as every running request has
+        # exactly its last sampled token left to compute -- right after a step that finished the
+        # last prompts, or after one in which requests finished.
+        for seq in scheduler.running:
+            computed = seq.num_computed_tokens
+            if computed != len(seq.token_ids) - 1 or computed < seq.num_prefill_tokens:
+                return False
+        return True
+    # Someone waits: steady only if the head was offered admission in an all-decode step and
+    # refused (no blocks or no sequence slot), and nothing has freed blocks since.
+    if finished or len(out.chunks) != len(scheduler.running) or not waiting_when_scheduled:
         return False
     return all_decodes
 
@@ -39,15 +51,19 @@ def steady_steps(scheduler: Scheduler, limit: int) -> int:
     if not running or limit <= 0 or len(running) > scheduler.config.max_num_batched_tokens:
         return 0
     max_len = scheduler.config.max_model_len
-    # Stop one step before the first request would finish (that step goes through the scheduler).
+    # Up to the step in which the first request finishes (apply finishes it as update() would).
     steps = limit
     for seq in running:
         params = seq.sampling
         if params.stop_token_ids or not params.ignore_eos:
             return 0  # a sampled token could stop it: not predictable here
-        to_finish = min(params.max_tokens - (len(seq.token_ids) - len(seq.prompt_token_ids)),
-                        max_len - len(seq.token_ids))
-        steps = min(steps, to_finish - 1)
+        # Steps until the length limits stop it (the earlier of max_tokens and max_model_len).
+        end = params.max_tokens + len(seq.prompt_token_ids)
+        if end > max_len:
+            end = max_len
+        to_finish = end - len(seq.token_ids)
+        if to_finish < steps:
+            steps = to_finish
     if steps <= 0:
         return 0
     # Before the pool would run dry: the new blocks for k more steps must all be free now.
@@ -76,8 +92,10 @@ def _new_blocks(running, steps: int, block_size: int) -> int:
     return total
 
 
-def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> None:
-    """Perform len(step_end_times) steady decode steps: what schedule() + update() would do."""
+def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> list[FinishedRequest]:
+    """Perform len(step_end_times) steady decode steps: what schedule() + update() would do.
+    Returns the requests that finished in the last step (only the last can finish one: steady_steps
+    ends the run there)."""
     steps = len(step_end_times)
     bm = scheduler.block_manager
     bs = bm.block_size
@@ -104,10 +122,8 @@ def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> 
         seq.token_ids.extend(filler)
     for j, phase, i in sorted(events):
         seq = running[i]
-        if phase == 0:
-            seq.num_computed_tokens = start[i] + j - 1
-            if not bm.allocate_slots(seq, 1):
-                raise AssertionError("steady decode run allocated beyond the free pool")
+        if phase == 0:  # steady_steps checked the free pool holds every block of the run
+            bm.allocate_block(seq)
         else:
             seq.num_computed_tokens = start[i] + j
             bm.cache_full_blocks(seq)
@@ -116,3 +132,16 @@ def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> 
             raise AssertionError("steady decode run over a request that is not running")
         seq.num_computed_tokens = start[i] + steps
         seq.token_times.extend(step_end_times)
+    # The last step's finishes, in running order as update() makes them. Freeing a request's
+    # blocks there interleaves with the other requests' registrations, which touch neither the
+    # free pool nor the freed blocks, so finishing after all registrations ends in the same state.
+    finished: list[FinishedRequest] = []
+    end = step_end_times[-1]
+    for seq in running:
+        params = seq.sampling  # the cheap screen of update(); the scheduler's rule decides
+        if (len(seq.token_ids) - len(seq.prompt_token_ids) >= params.max_tokens
+                or len(seq.token_ids) >= scheduler.config.max_model_len):
+            done = scheduler.stop_if_done(seq, token, end)
+            if done is not None:
+                finished.append(done)
+    return finished

@@ -127,9 +127,8 @@ class StepTimer:
 
     def decode_attention(self, batch: int, total_context: int) -> float:
         def compute() -> float:
-            q, r = divmod(total_context, batch)
             cost = StepCost(0.0)
-            self.cost_model.add_decode_attention(cost, [q + 1] * r + [q] * (batch - r), self.model, self.tp, self.dtype)
+            self.cost_model.add_decode_attention_total(cost, batch, total_context, self.model, self.tp, self.dtype)
             return cost.total_s
         return self._memo(self._decode, (batch, total_context), compute)
 
