@@ -20,7 +20,7 @@ import bisect
 import json
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -403,11 +403,36 @@ class CostModel:
         """Decode attention of `batch` requests attending to total_kv keys in all: the work depends
         on no more than that, and a profile (equal lengths) is read at the batch's mean length."""
         dtype = canonical_dtype(dtype)
-        mean_len = max(1, round(total_kv / batch))
-        return self._lookup(("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype), mean_len,
-                            lambda: self._model(curve_key("attention_decode", head_dim=head_dim),
-                                                *decode_attention_work_total(total_kv, batch, num_heads, num_kv_heads,
-                                                                             head_dim, dtype), dtype))
+        key = ("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype)
+        time_of = self.attention_decode_timer(batch, num_heads, num_kv_heads, head_dim, dtype)
+        series = self._series.get(key)
+        if series is not None:
+            provenance = series.at(max(1, round(total_kv / batch)))[1]
+            return Prediction(time_of(total_kv), provenance, self.errors[provenance])
+        provenance = "fitted" if self.profile is not None else "extrapolated"
+        return Prediction(time_of(total_kv), provenance,
+                          self.expected_error(provenance, curve_key("attention_decode", head_dim=head_dim)))
+
+    def attention_decode_timer(self, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                               dtype: str) -> Callable[[int], float]:
+        """Seconds of one decode-attention call over `batch` requests as a function of their total
+        context, with everything that does not depend on the context looked up once (the
+        simulator calls it every step)."""
+        dtype = canonical_dtype(dtype)
+        series = self._series.get(("attention_decode", batch, num_heads, num_kv_heads, head_dim, dtype))
+        if series is not None:
+            return lambda total_kv: series.at(max(1, round(total_kv / batch)))[0]
+        key = curve_key("attention_decode", head_dim=head_dim)
+        peak, bandwidth_of = self.peak_flops(dtype), self._bandwidth_for(key)
+        used = self.curve_used(key)
+        curve, additive = self.curves[used], _additive(used)
+
+        def time_of(total_kv: int) -> float:  # _model's arithmetic, term for term
+            flops, nbytes = decode_attention_work_total(total_kv, batch, num_heads, num_kv_heads, head_dim, dtype)
+            bandwidth = bandwidth_of(nbytes)
+            t = curve.time(flops, nbytes, peak, bandwidth, additive)
+            return max(t, max(flops / peak, nbytes / bandwidth))
+        return time_of
 
     def attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
                          head_dim: int, dtype: str) -> float:

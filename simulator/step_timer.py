@@ -64,6 +64,7 @@ class StepTimer:
         self._tokens: dict[int, tuple[float, float]] = {}
         self._prefill: dict[tuple[int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
+        self._decode_timers: dict = {}  # decodes -> CostModel.attention_decode_timer
         self._padded: dict[tuple[int, int], float] = {}  # (batch, padded context) of one padded group
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
@@ -126,11 +127,20 @@ class StepTimer:
         return cost.total_s
 
     def decode_attention(self, batch: int, total_context: int) -> float:
-        def compute() -> float:
-            cost = StepCost(0.0)
-            self.cost_model.add_decode_attention_total(cost, batch, total_context, self.model, self.tp, self.dtype)
-            return cost.total_s
-        return self._memo(self._decode, (batch, total_context), compute)
+        """Decode attention of `batch` paged decodes over total_context keys, all layers (what
+        CostModel.add_decode_attention adds, from the cost model's per-batch timer)."""
+        key = (batch, total_context)
+        value = self._decode.get(key)
+        if value is None:
+            time_of = self._decode_timers.get(batch)
+            if time_of is None:
+                m = self.model
+                time_of = self._decode_timers[batch] = self.cost_model.attention_decode_timer(
+                    batch, m.num_heads // self.tp, max(m.num_kv_heads // self.tp, 1), m.head_dim, self.dtype)
+            if len(self._decode) >= _MEMO_LIMIT:
+                self._decode.clear()
+            value = self._decode[key] = 0.0 + time_of(total_context) * self._layers  # as StepCost.add sums it
+        return value
 
     def head(self, sampled: int) -> float:
         def compute() -> float:
