@@ -49,8 +49,10 @@ def validate_command(
     profile: Optional[Path] = typer.Option(None, help="profile of this device for the model (default: profile now)"),
     device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"), seed: int = typer.Option(0),
     threads: int = typer.Option(1, help="torch CPU threads for the profile and the engine (0: torch's choice)"),
-    calibration_requests: int = typer.Option(40, help="before each level, engine steps of this many *other* "
-                                                      "requests calibrate the framework overhead (0: profile only)"),
+    calibration_requests: int = typer.Option(40, help="engine steps of this many *other* requests, replayed just "
+                                                      "before and after each level, calibrate the framework "
+                                                      "overhead (0: profile only)"),
+    repeats: int = typer.Option(3, help="independent measurements per level; errors are their median"),
     as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
 ) -> None:
@@ -68,17 +70,26 @@ def validate_command(
                                 max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
                                 dtype=dtype, seed=seed, threads=threads or None,
-                                calibration_requests=calibration_requests)
+                                calibration_requests=calibration_requests, repeats=repeats)
         setup.check()  # bad settings fail here, before any profiling
+        # Redrawn only from the callbacks, which come between replays: a refresh thread drawing
+        # during a replay would take CPU time that lands in the engine's measured latencies.
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=as_json) as progress:
+                      console=console, transient=as_json, auto_refresh=False) as progress:
             tasks: dict[str, int] = {}
+            measurements = len(setup.levels) * setup.repeats
 
             def on_progress(stage: str, done: int, total: int) -> None:
-                if stage not in tasks:
-                    label = stage if stage == "profile" or stage.startswith("re-measure") else f"engine: {stage}"
-                    tasks[stage] = progress.add_task(label, total=total)
-                progress.update(tasks[stage], completed=done)
+                if stage == "profile":
+                    if stage not in tasks:
+                        tasks[stage] = progress.add_task("profile", total=total)
+                    progress.update(tasks[stage], completed=done)
+                else:  # a level's measurement starts (done 0) or ends (done 1)
+                    if "levels" not in tasks:
+                        tasks["levels"] = progress.add_task("engine replays + simulation", total=measurements)
+                    progress.update(tasks["levels"], advance=done,
+                                    description=f"engine replays + simulation: {stage}")
+                progress.refresh()
 
             results, info = run_validation(setup, out, str(profile) if profile else None, on_progress)
     except ValueError as exc:
@@ -97,7 +108,8 @@ def validate_command(
                           "step_time": {r.level: r.steps for r in results}}))
         return
     show = Table(title=f"simulator vs engine ({info['num_requests']} requests per level; capacity "
-                       f"{info['capacity_requests_per_s']:.2f} req/s predicted)")
+                       f"{info['capacity_requests_per_s']:.2f} req/s predicted; median error over "
+                       f"{info['repeats']} repeats (range))")
     show.add_column("metric")
     for r in results:
         show.add_column(f"{r.level} ({r.rate_per_s:.2f} req/s)", justify="right")
@@ -105,9 +117,10 @@ def validate_command(
     for metric in results[0].errors:
         cells = []
         for r in results:
-            e = r.errors[metric]
+            e, (low, high) = r.errors[metric], r.error_range[metric]
             ok = abs(e) <= table[(table.metric == metric)].iloc[0]["target"]
-            cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]")
+            spread = f" [dim]({low:+.0%}..{high:+.0%})[/]" if len(r.repeats) > 1 else ""
+            cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")
         show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
     Console(width=max(Console().width, 110)).print(show)
     Console().print("step time, predicted / measured over the engine's own steps: " + "; ".join(

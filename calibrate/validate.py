@@ -5,6 +5,11 @@ wall-clock time through the real engine, and simulated with this device's profil
 cuda-local) and the engine's exact scheduler settings and KV pool. Load levels are fractions of
 the capacity the simulator predicts for the workload (all requests at once): light, near
 saturation, overloaded. The error of each metric is predicted / measured - 1.
+
+A shared machine's speed wanders by several percent over tens of seconds. So the framework terms
+are fitted, for every replay, on engine steps of *other* requests replayed just before and just
+after it (never on the replay's own steps), and each level is measured `repeats` times afresh; a
+level's error is the median over its repeats, and the spread is reported with it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class ValidationSetup:
     # Engine steps of this many other requests calibrate the framework terms before each level
     # (0: the profile's forward points only).
     calibration_requests: int = 40
+    # Independent measurements of each level (calibration, replay, simulation); errors are their median.
+    repeats: int = 3
     levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
 
     def engine_config(self):
@@ -81,6 +88,8 @@ class ValidationSetup:
             raise ValueError(f"threads must be at least 1 (or unset for torch's choice), got {self.threads}")
         if self.calibration_requests < 0:
             raise ValueError(f"calibration requests must be 0 or more, got {self.calibration_requests}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
         if not self.length_scale > 0:
             raise ValueError(f"length scale must be positive, got {self.length_scale}")
         CacheConfig(self.block_size, self.num_blocks)
@@ -150,9 +159,9 @@ def metrics_of(requests: pd.DataFrame) -> dict[str, float]:
 
 
 @dataclass
-class LevelResult:
-    level: str
-    rate_per_s: float
+class Measurement:
+    """One measurement of a level: the engine's replay, its simulation and their step times."""
+
     measured: dict[str, float]
     predicted: dict[str, float]
     measured_requests: pd.DataFrame
@@ -162,6 +171,49 @@ class LevelResult:
     @property
     def errors(self) -> dict[str, float]:
         return {k: self.predicted[k] / self.measured[k] - 1 for k in self.measured}
+
+
+@dataclass
+class LevelResult:
+    """A load level over its repeats: metrics, errors and step ratios are medians over them."""
+
+    level: str
+    rate_per_s: float
+    repeats: list[Measurement]
+
+    def _median(self, values: list[dict[str, float]]) -> dict[str, float]:
+        return {k: float(np.median([v[k] for v in values])) for k in values[0]}
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return self._median([r.measured for r in self.repeats])
+
+    @property
+    def predicted(self) -> dict[str, float]:
+        return self._median([r.predicted for r in self.repeats])
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return self._median([r.errors for r in self.repeats])
+
+    @property
+    def error_range(self) -> dict[str, tuple[float, float]]:
+        return {k: (min(r.errors[k] for r in self.repeats), max(r.errors[k] for r in self.repeats))
+                for k in self.repeats[0].errors}
+
+    @property
+    def steps(self) -> dict:
+        numeric = [{k: v for k, v in r.steps.items() if isinstance(v, (int, float))} for r in self.repeats]
+        keys = set.intersection(*(set(n) for n in numeric))
+        return {k: float(np.median([n[k] for n in numeric])) for k in sorted(keys)}
+
+    @property
+    def measured_requests(self) -> pd.DataFrame:  # the first repeat's, for per-request plots
+        return self.repeats[0].measured_requests
+
+    @property
+    def predicted_requests(self) -> pd.DataFrame:
+        return self.repeats[0].predicted_requests
 
 
 def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
@@ -204,9 +256,6 @@ def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple
 def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: str | None = None,
                    on_progress: Callable[[str, int, int], None] | None = None) -> tuple[list[LevelResult], dict]:
     """Profile (unless given), find the capacity, then replay and simulate each load level."""
-    from engine import LLMEngine
-    from engine.replay import replay
-
     if setup.threads is not None:
         import torch
 
@@ -222,47 +271,62 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
     capacity_rps = capacity.summary["throughput"]["requests_per_s"]
     results = []
-    for name, fraction in setup.levels.items():
+    for level_index, (name, fraction) in enumerate(setup.levels.items()):
         rate = fraction * capacity_rps
         workload = workload_at(lengths, rate, setup.seed + 1, name)
-        if on_progress:
-            on_progress(f"re-measure forward ({name})", 0, 1)
-        level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{name.replace(' ', '-')}.jsonl")
-        if on_progress:
-            on_progress(f"re-measure forward ({name})", 1, 1)
-        level_config = config.model_copy(update={"profile": level_profile})
-        level_model = copy.copy(base_model)
-        calibration = []
-        if setup.calibration_requests:
-            # Train / test: engine steps of *other* requests (other seeds) at a light and a heavy
-            # load, just before this level, calibrate the framework terms with the forward points.
-            for k, fraction in enumerate(CALIBRATION_LOADS):
-                lengths_k = setup.lengths(max(2, setup.calibration_requests // len(CALIBRATION_LOADS)),
-                                          setup.seed + 1000 + 10 * len(results) + k)
-                calibration += observed_steps(setup, lengths_k, fraction * capacity_rps, level_config, level_model)
-        level_model.fit_framework(Profile.load(level_profile), calibration)
-        engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
-        engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
-        requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
-        done = [0]
-
-        def finished(_, name=name, done=done):
-            done[0] += 1
-            if on_progress:
-                on_progress(name, done[0], len(requests))
-
-        steps = record_steps(engine)
-        outputs = replay(engine, requests, on_finish=finished)
-        start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
-        measured = measured_frame(outputs, start)
-        predicted: SimResult = simulate(level_config, workload, cost_model=level_model)
-        results.append(LevelResult(name, rate, metrics_of(measured), metrics_of(predicted.requests), measured,
-                                   predicted.requests,
-                                   {**step_errors(level_config, steps, level_model), "machine_drift": drift}))
+        repeats = []
+        for repeat in range(setup.repeats):
+            stage = name if setup.repeats == 1 else f"{name} ({repeat + 1}/{setup.repeats})"
+            repeats.append(_measure_level(setup, folder, profile, config, base_model, workload, capacity_rps,
+                                          1000 + 100 * level_index + 10 * repeat, stage, on_progress))
+        results.append(LevelResult(name, rate, repeats))
     info = {"capacity_requests_per_s": capacity_rps, "profile": profile, "folder": str(folder),
             "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads,
-            "calibration_requests": setup.calibration_requests}
+            "calibration_requests": setup.calibration_requests, "repeats": setup.repeats}
     return results, info
+
+
+def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: SimConfig, base_model: CostModel,
+                   workload: Workload, capacity_rps: float, seed_offset: int, stage: str,
+                   on_progress: Callable[[str, int, int], None] | None) -> Measurement:
+    """One measurement of a level: re-measure the forward points, calibrate on other requests'
+    steps replayed just before and just after the level's replay, then simulate it."""
+    from engine import LLMEngine
+    from engine.replay import replay
+
+    if on_progress:
+        on_progress(stage, 0, 1)
+    slug = "".join(c if c.isalnum() else "-" for c in stage).strip("-")
+    level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{slug}.jsonl")
+    level_config = config.model_copy(update={"profile": level_profile})
+    level_model = copy.copy(base_model)
+
+    def calibration_steps(half: int) -> list:
+        """Engine steps of other requests (other seeds) at a light and a heavy load."""
+        steps = []
+        per_replay = max(2, setup.calibration_requests // (2 * len(CALIBRATION_LOADS)))
+        for k, load in enumerate(CALIBRATION_LOADS):
+            lengths_k = setup.lengths(per_replay, setup.seed + seed_offset + 2 * k + half)
+            steps += observed_steps(setup, lengths_k, load * capacity_rps, level_config, level_model)
+        return steps
+
+    calibration = calibration_steps(0) if setup.calibration_requests else []
+    engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
+    engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
+    requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
+    steps = record_steps(engine)
+    # No callback during the replay: anything the harness does between steps lands in the timings.
+    outputs = replay(engine, requests)
+    start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
+    measured = measured_frame(outputs, start)
+    if setup.calibration_requests:
+        calibration += calibration_steps(1)
+    level_model.fit_framework(Profile.load(level_profile), calibration)
+    predicted: SimResult = simulate(level_config, workload, cost_model=level_model)
+    if on_progress:
+        on_progress(stage, 1, 1)
+    return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
+                       {**step_errors(level_config, steps, level_model), "machine_drift": drift})
 
 
 def record_steps(engine) -> list[tuple[list, float]]:
@@ -331,10 +395,13 @@ def step_errors(config: SimConfig, steps: list[tuple[list, float]], cost_model: 
 
 
 def error_table(results: list[LevelResult]) -> pd.DataFrame:
+    """One row per level and metric: medians over the repeats, and the errors' range."""
     rows = []
     for r in results:
+        measured, predicted, spread = r.measured, r.predicted, r.error_range
         for metric, error in r.errors.items():
-            rows.append({"level": r.level, "rate_per_s": r.rate_per_s, "metric": metric, "measured": r.measured[metric],
-                         "predicted": r.predicted[metric], "error": error, "target": target_of(metric),
+            rows.append({"level": r.level, "rate_per_s": r.rate_per_s, "metric": metric, "measured": measured[metric],
+                         "predicted": predicted[metric], "error": error, "error_min": spread[metric][0],
+                         "error_max": spread[metric][1], "repeats": len(r.repeats), "target": target_of(metric),
                          "within_target": abs(error) <= target_of(metric)})
     return pd.DataFrame(rows)

@@ -128,8 +128,10 @@ class BlockManager:
         token_ids, table, generations = seq.token_ids, seq.block_table, self.generations
         cached, by_hash, hash_fn = self._cached, self._by_hash, self.hash_fn
         inline_hash = hash_fn is chain_hash  # the default, called inline in this per-block loop
-        for i in range(seq.num_registered_blocks, num_full):
-            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+        first = seq.num_registered_blocks
+        # The new full blocks' token tuples in one pass (zip over one iterator cuts it in block_size runs).
+        block_tokens = zip(*[iter(token_ids[first * bs:num_full * bs])] * bs)
+        for i, tokens in enumerate(block_tokens, first):
             if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
                 parent = hashes[-1] if hashes else None
                 hashes.append(hash((parent, tokens)) if inline_hash else hash_fn(parent, tokens))

@@ -164,23 +164,55 @@ class StepTimer:
     def steady_decode_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
         """End times of up to `steps` steady decode steps from start_s (each running request decoding
         one token per step), stopping before a step would end after limit_s. The steps returned are
-        added to `split` exactly as step() would add them."""
+        added to `split` as step() would add them (each step's time is step()'s to the last bit; the
+        split's sums may differ in rounding)."""
+        if self._pads:  # the engine's padded groups depend on every context: build each step
+            return self._padded_steady_run(running, steps, limit_s, start_s)
         times: list[float] = []
         now = start_s
         n = len(running)
         context = sum(seq.num_computed_tokens + 1 for seq in running)
+        # n decodes of total context `context`: only decode attention changes from step to step.
+        self.last_sampled = n
+        base = self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1)
+        scale = self._operator_scale
+        compute_s, comm_s, prefill_s, head_s, overhead_s = (base.compute_s, base.comm_s, base.prefill_s,
+                                                            base.head_s, base.overhead_s)
+        decode_sum, first_context = 0.0, context
+        for _ in range(steps):
+            decode_s = self.decode_attention(n, context)
+            if scale != 1.0:
+                decode_s = decode_s * scale
+            total_s = compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
+            if now + total_s > limit_s:
+                break
+            now += total_s
+            times.append(now)
+            decode_sum += decode_s
+            context += n
+        k = len(times)
+        if k:
+            split = self.split
+            split.decode_s += decode_sum + k * (compute_s + head_s)
+            split.communication_s += k * comm_s
+            split.overhead_s += k * overhead_s
+            # Flops and bytes grow linearly with the context, n keys more each step.
+            keys = k * first_context + n * k * (k - 1) // 2
+            split.flops += k * (self._flops_per_token * n + self._flops_per_sample * n) + self._attention_flops_per_key * keys
+            split.bytes_moved += k * self._weight_bytes + self._kv_bytes_per_token * keys
+            split.steps += k
+        return times
+
+    def _padded_steady_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
+        times: list[float] = []
+        now = start_s
         for k in range(steps):
-            if self._pads:  # the engine's padded groups depend on every context: build the step
-                parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
-                                     for s in running])
-            else:  # n decodes of total context `context`: step()'s arithmetic without the chunks
-                self.last_sampled = n
-                parts = self._complete(n, n, n, context, 0, 0.0, 0, 0, n, self.decode_attention(n, context), 1)
+            parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
+                                 for s in running])
             if now + parts.total_s > limit_s:
                 break
             now += self._record(parts)
             times.append(now)
-            context += n
         return times
 
     # -- a step -------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     Profiler(ModelConfig.from_hf(config), grid=ProfileGrid.quick()).run(profile)
     result = runner.invoke(app, ["validate", "--model", str(tmp_path / "config.json"), "--profile", str(profile),
                                  "--num-requests", "6", "--max-total-tokens", "64", "--max-num-batched-tokens", "64",
-                                 "--num-blocks", "64", "--calibration-requests", "6", "--json",
+                                 "--num-blocks", "64", "--calibration-requests", "8", "--repeats", "2", "--json",
                                  "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -81,6 +81,8 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     assert set(errors["level"]) == {"light", "near saturation", "overloaded"}
     assert {"throughput", "ttft_p99", "tpot_mean", "e2e_p50"} <= set(errors["metric"])
     assert errors["measured"].gt(0).all() and errors["predicted"].gt(0).all()
+    assert errors["repeats"].eq(2).all() and (errors["error_min"] <= errors["error"]).all()
+    assert (errors["error"] <= errors["error_max"]).all()
     assert all(v["steps"] > 0 for v in report["step_time"].values())
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
 
@@ -92,6 +94,7 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     (["--length-scale", "0"], "length scale must be positive"),
     (["--lengths", "/nonexistent.csv"], "no length file"),
     (["--calibration-requests", "-1"], "calibration requests"),
+    (["--repeats", "0"], "repeats must be at least 1"),
 ])
 def test_validate_bad_settings_fail_before_any_profiling(args, message) -> None:
     result = runner.invoke(app, ["validate", *args])
