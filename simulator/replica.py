@@ -120,8 +120,11 @@ class Replica:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
                 finished = self._apply(engine, out, now, sampled)
-                if self.bulk_decodes and isinstance(scheduler, Scheduler) and steady_decode.is_steady(
-                        scheduler, out, finished, waiting, all_decodes):
+                # A bulk run pays off only if steps fit before the next arrival; the last step's
+                # length is the guess (skipping a run changes nothing but speed).
+                if (self.bulk_decodes and self.clock.next_arrival_s - now > 2 * step_s
+                        and isinstance(scheduler, Scheduler)
+                        and steady_decode.is_steady(scheduler, out, finished, waiting, all_decodes)):
                     now = self._bulk_decode(engine, now)
             if now > env.now:
                 yield env.timeout(now - env.now)
