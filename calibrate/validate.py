@@ -37,7 +37,10 @@ LEVELS = {"light": 0.3, "near saturation": 0.9, "overloaded": 1.5}
 METRICS = (("throughput", "output_tokens_per_s"), ("ttft", "p50"), ("ttft", "p90"), ("ttft", "p99"),
            ("tpot", "mean"), ("tpot", "p50"), ("tpot", "p99"), ("e2e", "p50"), ("e2e", "p99"))
 TARGETS = {"throughput": 0.05, "tpot_mean": 0.05}  # everything else: 0.10
-CALIBRATION_LOADS = (0.3, 1.0)  # fractions of capacity of the calibration replays
+# The calibration replays: (fraction of capacity, share of the calibration requests). A light
+# load gives the small batches of light traffic; a burst (all at once) fills the batch the way a
+# queue near saturation does, which a short replay at a finite rate never would.
+CALIBRATION_LOADS = ((0.3, 0.25), (math.inf, 0.75))
 
 
 def target_of(metric: str) -> float:
@@ -66,7 +69,7 @@ class ValidationSetup:
     threads: int | None = 1
     # Engine steps of this many other requests calibrate the framework terms before each level
     # (0: the profile's forward points only).
-    calibration_requests: int = 40
+    calibration_requests: int = 96
     # Independent measurements of each level (calibration, replay, simulation); errors are their median.
     repeats: int = 3
     levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
@@ -290,7 +293,13 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
                    workload: Workload, capacity_rps: float, seed_offset: int, stage: str,
                    on_progress: Callable[[str, int, int], None] | None) -> Measurement:
     """One measurement of a level: re-measure the forward points, calibrate on other requests'
-    steps replayed just before and just after the level's replay, then simulate it."""
+    steps replayed just before and just after the level's replay, then simulate it.
+
+    All replays of a measurement go through one engine, in order: calibration, the level, more
+    calibration. An engine's KV pool scatters as it serves (sequences get blocks from wherever
+    the free list has them), and scattered KV reads are slower; sharing the engine brackets the
+    level's replay in engine age as well as in time.
+    """
     from engine import LLMEngine
     from engine.replay import replay
 
@@ -300,23 +309,28 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{slug}.jsonl")
     level_config = config.model_copy(update={"profile": level_profile})
     level_model = copy.copy(base_model)
-
-    def calibration_steps(half: int) -> list:
-        """Engine steps of other requests (other seeds) at a light and a heavy load."""
-        steps = []
-        per_replay = max(2, setup.calibration_requests // (2 * len(CALIBRATION_LOADS)))
-        for k, load in enumerate(CALIBRATION_LOADS):
-            lengths_k = setup.lengths(per_replay, setup.seed + seed_offset + 2 * k + half)
-            steps += observed_steps(setup, lengths_k, load * capacity_rps, level_config, level_model)
-        return steps
-
-    calibration = calibration_steps(0) if setup.calibration_requests else []
     engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
     engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
-    requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
     steps = record_steps(engine)
+
+    def calibration_steps(half: int) -> list:
+        """Engine steps of other requests (other seeds) at a light load and in a burst."""
+        observed = []
+        for k, (load, share) in enumerate(CALIBRATION_LOADS):
+            count = max(2, round(setup.calibration_requests * share / 2))  # half before, half after
+            lengths_k = setup.lengths(count, setup.seed + seed_offset + 2 * k + half)
+            calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")
+            first = len(steps)
+            replay(engine, engine_requests(calibration, engine.model_config.vocab_size, setup.seed + 7))
+            observed += step_observations(steps[first:], level_config, level_model)
+        return observed
+
+    calibration = calibration_steps(0) if setup.calibration_requests else []
+    requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
+    first = len(steps)
     # No callback during the replay: anything the harness does between steps lands in the timings.
     outputs = replay(engine, requests)
+    level_steps = steps[first:]
     start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
     measured = measured_frame(outputs, start)
     if setup.calibration_requests:
@@ -326,7 +340,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     if on_progress:
         on_progress(stage, 1, 1)
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
-                       {**step_errors(level_config, steps, level_model), "machine_drift": drift})
+                       {**step_errors(level_config, level_steps, level_model), "machine_drift": drift})
 
 
 def record_steps(engine) -> list[tuple[list, float]]:
@@ -354,18 +368,10 @@ def record_steps(engine) -> list[tuple[list, float]]:
     return steps
 
 
-def observed_steps(setup: ValidationSetup, lengths: list[LengthPair], rate: float, config: SimConfig,
-                   cost_model: CostModel) -> list:
-    """Replay other requests through the engine and return its steps as StepObservations."""
-    from engine import LLMEngine
-    from engine.replay import replay
+def step_observations(steps: list[tuple[list, float]], config: SimConfig, cost_model: CostModel) -> list:
+    """Recorded engine steps as StepObservations (forward time: the step less the scheduler's)."""
     from simulator.cost_model import Chunk, StepObservation
 
-    workload = workload_at(lengths, rate, setup.seed + 7, "calibration")
-    engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
-    engine.generate([[1, 2, 3, 4]] * 2, None)
-    steps = record_steps(engine)
-    replay(engine, engine_requests(workload, engine.model_config.vocab_size, setup.seed + 7))
     model = config.model_spec()
     out = []
     for chunks, seconds in steps:

@@ -63,6 +63,7 @@ class LLMEngine:
         # Long-lived objects (the model, its parameters, the cache) leave the garbage collector's
         # generations, so its periodic full collections stop scanning them mid-serving (vLLM
         # does the same): collection pauses become short and rare.
+        gc.collect()  # garbage in cycles now (an earlier engine's, say) would be frozen for good
         gc.freeze()
 
     # -- construction -------------------------------------------------------------------------
