@@ -129,8 +129,10 @@ class BlockManager:
         cached, by_hash, hash_fn = self._cached, self._by_hash, self.hash_fn
         inline_hash = hash_fn is chain_hash  # the default, called inline in this per-block loop
         first = seq.num_registered_blocks
-        # The new full blocks' token tuples in one pass (zip over one iterator cuts it in block_size runs).
-        block_tokens = zip(*[iter(token_ids[first * bs:num_full * bs])] * bs)
+        if num_full - first == 1:  # a decode filled one block: the common case
+            block_tokens = (tuple(token_ids[first * bs:num_full * bs]),)
+        else:  # a prompt's blocks in one pass (zip over one iterator cuts it in block_size runs)
+            block_tokens = zip(*[iter(token_ids[first * bs:num_full * bs])] * bs)
         for i, tokens in enumerate(block_tokens, first):
             if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
                 parent = hashes[-1] if hashes else None
