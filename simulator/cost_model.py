@@ -518,7 +518,7 @@ class CostModel:
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
-        rows, measured = [], []
+        rows, measured, has_prefill = [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
             chunks, tokens, layers = len(o.chunks), sum(c.num_tokens for c in o.chunks), o.model.num_layers
@@ -527,11 +527,17 @@ class CostModel:
             features = [1.0, chunks, prefills, groups, tokens]
             rows.append([ops, *features, *(layers * x for x in features)])
             measured.append(o.forward_s)
+            has_prefill.append(prefills > 0)
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
-        # as much as large prefill steps.
-        weights = 1.0 / np.array(measured)
+        # as much as large prefill steps. Steps with a prefill chunk (which set TTFT) are far fewer
+        # than all-decode steps in any replay; the two kinds get equal total weight.
+        prefill = np.array(has_prefill)
+        balance = np.ones(len(rows))
+        if prefill.any() and (~prefill).any():
+            balance[prefill] = np.sqrt((~prefill).sum() / prefill.sum())
+        weights = balance / np.array(measured)
         coefficients, _ = nnls(np.array(rows) * weights[:, None], np.array(measured) * weights)
         self.framework = dict(zip(FRAMEWORK_TERMS, (float(c) for c in coefficients)))
 
