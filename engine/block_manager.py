@@ -217,6 +217,20 @@ class BlockManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the sequence's tail blocks beyond those num_tokens tokens need (blocks that
+        held only rejected draft tokens). Such blocks lie past every computed token, so they were
+        never registered and nobody else holds them: they are handed out first."""
+        keep = self.blocks_needed(num_tokens)
+        table = seq.block_table
+        while len(table) > keep:
+            block_id = table.pop()
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] != 0 or block_id in self._cached:
+                raise AssertionError(f"trimmed block {block_id} was shared or registered")
+            self._free[block_id] = None
+            self._free.move_to_end(block_id, last=False)
+
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._cached):
             self._evict(block_id)

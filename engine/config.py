@@ -215,8 +215,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    # Speculative decoding: KV slots scheduled for this many draft tokens after a decoding
+    # request's last token, verified in the same step (0: off).
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be 0 or more, got {self.num_lookahead_tokens}")
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:
@@ -252,8 +257,21 @@ class EngineConfig:
     pack_cpu_weights: bool = True
     # Used only when neither num_blocks nor kv_cache_memory_bytes is given.
     default_kv_cache_memory_bytes: int = 256 * 2**20
+    # Speculative decoding: "ngram" (prompt lookup) proposes up to num_speculative_tokens tokens
+    # per decoding request per step; the target verifies them in one forward (engine/spec_decode.py).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    ngram_min: int = 1
+    ngram_max: int = 4
 
     def __post_init__(self) -> None:
+        if self.speculative_method not in (None, "ngram"):
+            raise ValueError(f"speculative_method {self.speculative_method!r} is not supported; use 'ngram' or None")
+        if self.speculative_method is not None and not 1 <= self.num_speculative_tokens <= 8:
+            raise ValueError(f"num_speculative_tokens must be 1..8 with speculative decoding on, "
+                             f"got {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
         if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
@@ -275,6 +293,7 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.resolve_max_model_len(model),
             enable_chunked_prefill=self.enable_chunked_prefill,
+            num_lookahead_tokens=self.num_speculative_tokens if self.speculative_method else 0,
         )
 
     def block_bytes(self, model: ModelConfig) -> int:

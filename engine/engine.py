@@ -15,8 +15,10 @@ from engine.model import DecoderModel
 from engine.outputs import RequestOutput
 from engine.runner import TORCH_DTYPES, ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.ngram_proposer import NgramProposer
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.spec_decode import SpecStats
 from engine.weights import load_hf_weights, read_safetensors_dir
 
 
@@ -55,6 +57,8 @@ class LLMEngine:
         if config.pack_cpu_weights and self.device.type == "cpu":
             self.model.pack_linears_for_cpu()
         self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype)
+        self.proposer = NgramProposer(config.ngram_min, config.ngram_max) if config.speculative_method else None
+        self.spec_stats = SpecStats()
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logits: dict[str, list[torch.Tensor]] = {}
         self._default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -124,20 +128,37 @@ class LLMEngine:
                 raise RuntimeError("the scheduler scheduled nothing while requests are unfinished")
             return []
         requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
-        result = self.runner.execute(out, requests, self._generators)
+        drafts = self._propose(out, requests) if self.proposer is not None else None
+        result = self.runner.execute(out, requests, self._generators, drafts)
+        for request_id, accepted in result.accepted.items():
+            proposed = len(drafts.get(request_id, ())) if drafts else 0
+            seq = requests[request_id]
+            seq.num_draft_tokens += proposed
+            seq.num_accepted_drafts += len(accepted)
+            self.spec_stats.record(proposed, len(accepted))
         for request_id, (first_pos, logits) in result.prompt_logits.items():
             collected = self._prompt_logits[request_id]
             have = sum(t.shape[0] for t in collected)
             if first_pos + logits.shape[0] > have:  # a recompute after preemption repeats positions
                 collected.append(logits[have - first_pos:])
         now = time.perf_counter()
-        self.scheduler.update(out, result.sampled, now)
+        self.scheduler.update(out, result.sampled, now, result.accepted)
         self.num_steps += 1
         outputs = [self._output(requests[r]) for r in result.sampled]
         for o in outputs:
             if o.finished:
                 self._forget(o.request_id)
         return outputs
+
+    def _propose(self, out, requests: dict[str, Sequence]) -> dict[str, list[int]]:
+        """Draft tokens for every chunk scheduled with lookahead slots (as many as it has)."""
+        drafts = {}
+        for c in out.chunks:
+            seq = requests[c.request_id]
+            slots = c.start + c.num_tokens - len(seq.token_ids)
+            if slots > 0:
+                drafts[c.request_id] = self.proposer.propose(seq.token_ids, slots)
+        return drafts
 
     def _output(self, seq: Sequence) -> RequestOutput:
         logits = None
@@ -149,7 +170,8 @@ class LLMEngine:
             arrival_time=seq.arrival_time, first_scheduled_time=seq.first_scheduled_time,
             first_token_time=seq.first_token_time, finish_time=seq.finish_time,
             token_times=list(seq.token_times), num_preemptions=seq.num_preemptions,
-            num_cached_prompt_tokens=seq.num_cached_prompt_tokens, prompt_logits=logits)
+            num_cached_prompt_tokens=seq.num_cached_prompt_tokens, prompt_logits=logits,
+            num_draft_tokens=seq.num_draft_tokens, num_accepted_drafts=seq.num_accepted_drafts)
 
     def generate(self, prompts: Seq[Seq[int]],
                  params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:

@@ -21,6 +21,9 @@ class RequestOutput:
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
     prompt_logits: Any = None  # torch.Tensor [prompt_len, vocab] when requested
+    # Speculative decoding: draft tokens proposed for this request and accepted by the target.
+    num_draft_tokens: int = 0
+    num_accepted_drafts: int = 0
 
     @property
     def ttft_s(self) -> float | None:

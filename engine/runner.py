@@ -12,6 +12,7 @@ from engine.config import CacheConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
 from engine.sampler import sample
+from engine.spec_decode import verify
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 
@@ -21,6 +22,8 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 @dataclass
 class StepResult:
     sampled: dict[str, int] = field(default_factory=dict)
+    # request id -> the draft tokens the target accepted (verification steps only)
+    accepted: dict[str, list[int]] = field(default_factory=dict)
     # request id -> (first position, logits [n, vocab]) of prompt positions computed this step
     prompt_logits: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
@@ -38,8 +41,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Sequence],
-                generators: Mapping[str, torch.Generator | None]) -> StepResult:
-        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device)
+                generators: Mapping[str, torch.Generator | None],
+                drafts: Mapping[str, list[int]] | None = None) -> StepResult:
+        """drafts: request id -> draft tokens for the chunks scheduled with lookahead slots."""
+        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device, drafts or {})
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         result = StepResult()
         if inputs.sample_rows:
@@ -47,6 +52,12 @@ class ModelRunner:
             params = [requests[r].sampling for r in inputs.sample_ids]
             tokens = sample(logits, params, [generators.get(r) for r in inputs.sample_ids])
             result.sampled = dict(zip(inputs.sample_ids, tokens))
+        for request_id, begin, n in inputs.verify_ranges:
+            logits = self.model.compute_logits(hidden[begin:begin + n]).float()
+            accepted, token = verify(logits, (drafts or {}).get(request_id, []), requests[request_id].sampling,
+                                     generators.get(request_id))
+            result.sampled[request_id] = token
+            result.accepted[request_id] = accepted
         for request_id, begin, n, first_pos in inputs.logit_ranges:
             result.prompt_logits[request_id] = (first_pos, self.model.compute_logits(hidden[begin:begin + n]).cpu())
         return result
@@ -60,6 +71,8 @@ class StepInputs:
     sample_rows: list[int]  # packed rows whose logits are sampled ...
     sample_ids: list[str]  # ... for these requests
     logit_ranges: list[tuple[str, int, int, int]]  # request, first row, rows, first position (prompt logits)
+    # Verification chunks (lookahead slots): request, first row, rows (its last token + its drafts).
+    verify_ranges: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -68,8 +81,13 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
 
 
 def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
-                 windows: set[int | None], device: torch.device) -> StepInputs:
-    """The host-side work of a step: pack the scheduled chunks into tensors and attention metadata."""
+                 windows: set[int | None], device: torch.device,
+                 drafts: Mapping[str, list[int]] | None = None) -> StepInputs:
+    """The host-side work of a step: pack the scheduled chunks into tensors and attention metadata.
+
+    A chunk that reaches past its request's last token (lookahead slots) carries that token and the
+    request's drafts (as many as were proposed, up to the slots) and is verified on every row."""
+    verify_ranges: list[tuple[str, int, int]] = []
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -81,6 +99,16 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
         seq = requests[chunk.request_id]
         begin = len(input_ids)
         end_pos = chunk.start + chunk.num_tokens
+        if end_pos > len(seq.token_ids):  # verification: the last known token, then the drafts
+            proposed = (drafts or {}).get(chunk.request_id, [])[:end_pos - len(seq.token_ids)]
+            tokens = seq.token_ids[chunk.start:] + proposed
+            n = len(tokens)
+            input_ids.extend(tokens)
+            positions.extend(range(chunk.start, chunk.start + n))
+            slots.extend(slots_for(seq.block_table, chunk.start, chunk.start + n, block_size))
+            chunks.append((chunk.start, n, seq.block_table))
+            verify_ranges.append((chunk.request_id, begin, n))
+            continue
         input_ids.extend(seq.token_ids[chunk.start:end_pos])
         positions.extend(range(chunk.start, end_pos))
         slots.extend(slots_for(seq.block_table, chunk.start, end_pos, block_size))
@@ -94,4 +122,4 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
     return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=device),
                       torch.tensor(positions, dtype=torch.long, device=device),
                       build_metadata(slots, chunks, block_size, windows, device),
-                      sample_rows, sample_ids, logit_ranges)
+                      sample_rows, sample_ids, logit_ranges, verify_ranges)

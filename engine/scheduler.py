@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -161,7 +162,32 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(self._chunk(seq, num_new))
             budget -= num_new
+        if self.config.num_lookahead_tokens and budget > 0 and not out.preempted:
+            self._add_lookahead(out, budget)
         return out
+
+    def _add_lookahead(self, out: SchedulerOutput, budget: int) -> None:
+        """Speculative decoding: extend decode chunks with draft slots from what the step leaves
+        over -- token budget and free blocks -- so drafts never take a block or a token that a
+        running or waiting request needed this step (nor preempt anyone). A chunk with lookahead
+        slots reaches past its request's last token; it samples, and update() takes the accepted
+        drafts."""
+        chunks, requests, bm = out.chunks, self.requests, self.block_manager
+        for i, chunk in enumerate(chunks):
+            if budget <= 0:
+                break
+            if chunk.num_tokens != 1 or chunk.is_prefill or not chunk.samples:
+                continue
+            seq = requests[chunk.request_id]
+            k = min(self.config.num_lookahead_tokens, budget,
+                    seq.sampling.max_tokens - seq.num_output_tokens - 1,  # accepted drafts + one sampled token
+                    self.config.max_model_len - len(seq.token_ids))
+            room = len(seq.block_table) * bm.block_size - len(seq.token_ids) + bm.num_free_blocks * bm.block_size
+            k = min(k, room)
+            if k <= 0 or not bm.allocate_slots(seq, 1 + k):
+                continue
+            chunks[i] = chunk._replace(num_tokens=1 + k)
+            budget -= k
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Blocks for seq's new tokens, preempting the most recently admitted requests until they
@@ -189,20 +215,29 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # -- results of a step --------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], now: float) -> list[FinishedRequest]:
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], now: float,
+               accepted: Mapping[str, Seq[int]] | None = None) -> list[FinishedRequest]:
         """Advance the scheduled requests by their computed tokens and append sampled tokens.
 
-        sampled maps request id -> new token for every chunk with samples=True.
-        Returns the requests that finished this step (their blocks are already freed).
+        sampled maps request id -> new token for every chunk with samples=True; accepted maps a
+        request verified with draft tokens to the drafts the target accepted (they come before
+        its sampled token). Returns the requests that finished this step (their blocks are
+        already freed).
         """
         finished: list[FinishedRequest] = []
         block_manager = self.block_manager
         block_size = block_manager.block_size
         lookup, running_status = self.requests.get, RequestStatus.RUNNING
         eos_token_ids, max_model_len = self.eos_token_ids, self.config.max_model_len
-        for request_id, _, num_tokens, _, samples in out.chunks:
+        for request_id, start, num_tokens, _, samples in out.chunks:
             seq = lookup(request_id)
             if seq is None or seq.status is not running_status:
+                continue
+            if start + num_tokens > len(seq.token_ids):  # a verification step with lookahead slots
+                done = self._advance_speculative(seq, start, accepted.get(request_id, ()) if accepted else (),
+                                                 sampled[request_id], now)
+                if done is not None:
+                    finished.append(done)
                 continue
             computed = seq.num_computed_tokens + num_tokens
             seq.num_computed_tokens = computed
@@ -225,6 +260,27 @@ class Scheduler:
                 if done is not None:
                     finished.append(done)
         return finished
+
+    def _advance_speculative(self, seq: Sequence, start: int, accepted: Seq[int], token: int,
+                             now: float) -> FinishedRequest | None:
+        """A verification step: the last known token and the accepted drafts are computed, then
+        the drafts and the sampled token are appended (a stop rule may end the request midway).
+        Rejected drafts leave nothing behind: their positions are past num_computed_tokens (their
+        KV slots are overwritten later) and blocks held only for them go back to the pool."""
+        seq.num_computed_tokens = start + 1 + len(accepted)
+        # Only verified tokens are ever registered: registration stops at num_computed_tokens.
+        if seq.num_computed_tokens // self.block_manager.block_size > seq.num_registered_blocks:
+            self.block_manager.cache_full_blocks(seq)
+        for t in (*accepted, token):
+            seq.token_ids.append(t)
+            seq.token_times.append(now)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            done = self.stop_if_done(seq, t, now)
+            if done is not None:
+                return done
+        self.block_manager.trim(seq, len(seq.token_ids))
+        return None
 
     def stop_if_done(self, seq: Sequence, token: int, now: float) -> FinishedRequest | None:
         """Finish a running request if its last token (token) meets a stop rule: it leaves the

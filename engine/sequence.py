@@ -51,6 +51,9 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    # Speculative decoding: draft tokens proposed for this request, and how many the target accepted.
+    num_draft_tokens: int = 0
+    num_accepted_drafts: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

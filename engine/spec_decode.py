@@ -1,0 +1,85 @@
+"""Speculative decoding's verification: rejection sampling of draft tokens against the target.
+
+For a request with drafts x_1..x_d and the target's logits at the d + 1 positions they extend,
+draft x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), where p_i is the distribution the
+request samples from (engine/sampler.probabilities) and q_i the proposer's (a point mass at x_i for
+deterministic proposers such as n-gram lookup). At the first rejection the token is drawn from
+norm(max(0, p_i - q_i)); if all d are accepted a bonus token is drawn from p_d. The emitted tokens
+are then distributed exactly as sampling the target one token at a time (Leviathan et al., 2023;
+Chen et al., 2023). Greedy requests accept drafts while they equal the target's argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampler import probabilities
+from engine.sampling_params import SamplingParams
+
+
+def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, generator: torch.Generator | None,
+           draft_probs: torch.Tensor | None = None) -> tuple[list[int], int]:
+    """logits: [len(drafts) + 1, vocab] float32, row i predicting the token after draft i - 1.
+    Returns (accepted drafts, the token sampled after them)."""
+    if params.greedy:
+        targets = logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+            accepted += 1
+        return list(drafts[:accepted]), targets[accepted]
+    for i, x in enumerate(drafts):
+        p = probabilities(logits[i], params)
+        q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        u = torch.rand((), generator=generator, device=logits.device).item()
+        if u * q_x < float(p[x]):  # u < min(1, p(x) / q(x)), without dividing by q(x)
+            continue
+        if draft_probs is None:
+            residual = p.clone()
+            residual[x] = 0.0
+        else:
+            residual = (p - draft_probs[i]).clamp_min(0.0)
+        total = residual.sum()
+        if total <= 0:  # only rounding can leave nothing: p and q agree
+            residual, total = p, p.sum()
+        token = int(torch.multinomial(residual / total, 1, generator=generator).item())
+        return list(drafts[:i]), token
+    p = probabilities(logits[len(drafts)], params)
+    return list(drafts), int(torch.multinomial(p, 1, generator=generator).item())
+
+
+@dataclass
+class SpecStats:
+    """Acceptance per draft position over an engine's verification steps."""
+
+    proposed: list[int] = field(default_factory=list)  # drafts proposed at position i (0-based)
+    accepted: list[int] = field(default_factory=list)  # ... and accepted there
+    verifications: int = 0  # request-steps verified with at least one draft
+    accepted_tokens: int = 0
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        while len(self.proposed) < num_drafts:
+            self.proposed.append(0)
+            self.accepted.append(0)
+        for i in range(num_drafts):
+            self.proposed[i] += 1
+            self.accepted[i] += i < num_accepted
+        self.verifications += 1
+        self.accepted_tokens += num_accepted
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
+
+    @property
+    def mean_accepted_per_verification(self) -> float:
+        return self.accepted_tokens / self.verifications if self.verifications else 0.0
+
+    def to_dict(self) -> dict:
+        return {"acceptance_by_position": self.acceptance_by_position, "proposed_by_position": list(self.proposed),
+                "verifications": self.verifications,
+                "mean_accepted_per_verification": self.mean_accepted_per_verification}
