@@ -259,14 +259,21 @@ class EngineConfig:
     default_kv_cache_memory_bytes: int = 256 * 2**20
     # Speculative decoding: "ngram" (prompt lookup) proposes up to num_speculative_tokens tokens
     # per decoding request per step; the target verifies them in one forward (engine/spec_decode.py).
+    # "draft": a smaller model with the same vocabulary (draft_model: an HF config dict or path;
+    # random weights seeded by draft_seed unless LLMEngine gets the draft's weights).
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
+    draft_model: Any = None
+    draft_seed: int = 1
 
     def __post_init__(self) -> None:
-        if self.speculative_method not in (None, "ngram"):
-            raise ValueError(f"speculative_method {self.speculative_method!r} is not supported; use 'ngram' or None")
+        if self.speculative_method not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative_method {self.speculative_method!r} is not supported; "
+                             "use 'ngram', 'draft' or None")
+        if self.speculative_method == "draft" and self.draft_model is None:
+            raise ValueError("speculative_method='draft' needs draft_model (an HF config dict or path)")
         if self.speculative_method is not None and not 1 <= self.num_speculative_tokens <= 8:
             raise ValueError(f"num_speculative_tokens must be 1..8 with speculative decoding on, "
                              f"got {self.num_speculative_tokens}")

@@ -15,6 +15,7 @@ from engine.model import DecoderModel
 from engine.outputs import RequestOutput
 from engine.runner import TORCH_DTYPES, ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.draft_proposer import DraftModelProposer
 from engine.ngram_proposer import NgramProposer
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -36,8 +37,10 @@ def resolve_device(name: str) -> torch.device:
 
 class LLMEngine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None,
-                 state_dict: dict[str, torch.Tensor] | None = None, random_seed: int = 0) -> None:
-        """An engine over a model; with no state_dict the weights are random (seeded by random_seed)."""
+                 state_dict: dict[str, torch.Tensor] | None = None, random_seed: int = 0,
+                 draft_state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """An engine over a model; with no state_dict the weights are random (seeded by random_seed).
+        draft_state_dict: the draft model's weights (speculative_method='draft')."""
         self.model_config = model_config
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
@@ -46,18 +49,18 @@ class LLMEngine:
         self.cache_config = config.cache_config(model_config)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config, model_config.eos_token_ids)
 
-        model = DecoderModel(model_config, self.scheduler_config.max_model_len)
-        if state_dict is None:
-            model.init_random(random_seed)
-        else:
-            load_hf_weights(model, state_dict)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
-        self.model.rotary.to(device=self.device, dtype=torch.float32)
-        if config.pack_cpu_weights and self.device.type == "cpu":
-            self.model.pack_linears_for_cpu()
+        self.model = self._build_model(model_config, state_dict, random_seed)
         self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype)
-        self.proposer = NgramProposer(config.ngram_min, config.ngram_max) if config.speculative_method else None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
+        if config.speculative_method == "ngram":
+            self.proposer = NgramProposer(config.ngram_min, config.ngram_max)
+        elif config.speculative_method == "draft":
+            draft_config = ModelConfig.from_hf(config.draft_model)
+            if draft_config.vocab_size != model_config.vocab_size:
+                raise ValueError(f"the draft model's vocabulary ({draft_config.vocab_size}) differs from the "
+                                 f"target's ({model_config.vocab_size}): use a draft with the target's tokenizer")
+            draft = self._build_model(draft_config, draft_state_dict, config.draft_seed)
+            self.proposer = DraftModelProposer(draft, draft_config, self.cache_config, self.device, self.dtype)
         self.spec_stats = SpecStats()
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logits: dict[str, list[torch.Tensor]] = {}
@@ -69,6 +72,20 @@ class LLMEngine:
         # does the same): collection pauses become short and rare.
         gc.collect()  # garbage in cycles now (an earlier engine's, say) would be frozen for good
         gc.freeze()
+
+    def _build_model(self, config: ModelConfig, state_dict: dict[str, torch.Tensor] | None,
+                     seed: int) -> DecoderModel:
+        model = DecoderModel(config, self.scheduler_config.max_model_len)
+        if state_dict is None:
+            model.init_random(seed)
+        else:
+            load_hf_weights(model, state_dict)
+        model = model.to(device=self.device, dtype=self.dtype).eval()
+        # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
+        model.rotary.to(device=self.device, dtype=torch.float32)
+        if self.config.pack_cpu_weights and self.device.type == "cpu":
+            model.pack_linears_for_cpu()
+        return model
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -117,6 +134,8 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self._prompt_logits.pop(request_id, None)
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.forget(request_id)
 
     # -- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -128,8 +147,8 @@ class LLMEngine:
                 raise RuntimeError("the scheduler scheduled nothing while requests are unfinished")
             return []
         requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
-        drafts = self._propose(out, requests) if self.proposer is not None else None
-        result = self.runner.execute(out, requests, self._generators, drafts)
+        drafts, draft_probs = self._propose(out, requests) if self.proposer is not None else (None, None)
+        result = self.runner.execute(out, requests, self._generators, drafts, draft_probs)
         for request_id, accepted in result.accepted.items():
             proposed = len(drafts.get(request_id, ())) if drafts else 0
             seq = requests[request_id]
@@ -150,15 +169,18 @@ class LLMEngine:
                 self._forget(o.request_id)
         return outputs
 
-    def _propose(self, out, requests: dict[str, Sequence]) -> dict[str, list[int]]:
-        """Draft tokens for every chunk scheduled with lookahead slots (as many as it has)."""
+    def _propose(self, out, requests: dict[str, Sequence]) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+        """Draft tokens for every chunk scheduled with lookahead slots (as many as it has), and the
+        distributions sampled drafts came from (a draft model's; n-gram drafts are point masses)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            return self.proposer.propose(out, requests, self._generators)
         drafts = {}
         for c in out.chunks:
             seq = requests[c.request_id]
             slots = c.start + c.num_tokens - len(seq.token_ids)
             if slots > 0:
                 drafts[c.request_id] = self.proposer.propose(seq.token_ids, slots)
-        return drafts
+        return drafts, {}
 
     def _output(self, seq: Sequence) -> RequestOutput:
         logits = None

@@ -42,8 +42,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Sequence],
                 generators: Mapping[str, torch.Generator | None],
-                drafts: Mapping[str, list[int]] | None = None) -> StepResult:
-        """drafts: request id -> draft tokens for the chunks scheduled with lookahead slots."""
+                drafts: Mapping[str, list[int]] | None = None,
+                draft_probs: Mapping[str, torch.Tensor] | None = None) -> StepResult:
+        """drafts: request id -> draft tokens for the chunks scheduled with lookahead slots;
+        draft_probs: the distributions sampled drafts were drawn from (none: point masses)."""
         inputs = prepare_step(out, requests, self.block_size, self.windows, self.device, drafts or {})
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         result = StepResult()
@@ -55,7 +57,7 @@ class ModelRunner:
         for request_id, begin, n in inputs.verify_ranges:
             logits = self.model.compute_logits(hidden[begin:begin + n]).float()
             accepted, token = verify(logits, (drafts or {}).get(request_id, []), requests[request_id].sampling,
-                                     generators.get(request_id))
+                                     generators.get(request_id), (draft_probs or {}).get(request_id))
             result.sampled[request_id] = token
             result.accepted[request_id] = accepted
         for request_id, begin, n, first_pos in inputs.logit_ranges:

@@ -23,25 +23,40 @@ TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidde
             num_key_value_heads=2, vocab_size=64, max_position_embeddings=256)
 
 
-def engine(spec_tokens: int = 0, **knobs) -> LLMEngine:
-    spec = dict(speculative_method="ngram", num_speculative_tokens=spec_tokens) if spec_tokens else {}
+SMALL_DRAFT = dict(TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1)
+PROPOSERS = {"ngram": {}, "draft-random": dict(draft_model=SMALL_DRAFT, draft_seed=9),
+             "draft-self": dict(draft_model=TINY, draft_seed=3)}  # the target's own config and seed
+
+
+def engine(spec_tokens: int = 0, proposer: str = "ngram", **knobs) -> LLMEngine:
+    spec = {}
+    if spec_tokens:
+        spec = dict(speculative_method="draft" if proposer.startswith("draft") else "ngram",
+                    num_speculative_tokens=spec_tokens, **PROPOSERS[proposer])
     return LLMEngine.from_config(TINY, EngineConfig(max_model_len=256, **spec, **knobs), seed=3)
 
 
 # -- greedy: token for token --------------------------------------------------------------------
 @pytest.mark.parametrize("knobs", [dict(num_blocks=128), dict(num_blocks=24, max_num_batched_tokens=64)])
-@pytest.mark.parametrize("gamma", [1, 3, 8])
-def test_greedy_output_equals_greedy_without_speculation(knobs, gamma) -> None:
+@pytest.mark.parametrize("gamma, proposer", [(1, "ngram"), (3, "ngram"), (8, "ngram"), (4, "draft-random"),
+                                             (4, "draft-self")])
+def test_greedy_output_equals_greedy_without_speculation(knobs, gamma, proposer) -> None:
     rng = np.random.default_rng(0)
     shared = [5, 6, 7, 8] * 6  # a shared prefix (prefix-cache hits) that also repeats (n-gram matches)
     prompts = [shared + rng.integers(1, 64, int(rng.integers(3, 30))).tolist() for _ in range(10)]
     prompts += [[9, 10, 11] * 5, list(range(20, 45))]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     plain = engine(**knobs).generate(prompts, params)
-    spec_engine = engine(gamma, **knobs)
+    spec_engine = engine(gamma, proposer, **knobs)
     spec = spec_engine.generate(prompts, params)
     assert [o.output_token_ids for o in spec] == [o.output_token_ids for o in plain]
-    assert spec_engine.spec_stats.verifications > 0 and spec_engine.spec_stats.accepted_tokens > 0
+    stats = spec_engine.spec_stats
+    assert stats.verifications > 0
+    if proposer == "draft-self":  # the target drafting for itself: every greedy draft is accepted
+        assert stats.accepted_tokens == sum(stats.proposed) > 0
+    elif proposer == "ngram":
+        assert stats.accepted_tokens > 0
     spec_engine.scheduler.block_manager.check_invariants()
     assert spec_engine.scheduler.block_manager.num_used_blocks == 0
     if knobs["num_blocks"] == 24:
@@ -64,9 +79,14 @@ VOCAB = 8
 CONTEXT = [0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # every token occurs: n-gram lookup always proposes
 
 
-def _tiny_vocab_engine(spec_tokens: int = 0) -> LLMEngine:
+def _tiny_vocab_engine(spec_tokens: int = 0, proposer: str = "ngram") -> LLMEngine:
     config = dict(TINY, vocab_size=VOCAB)
-    spec = dict(speculative_method="ngram", num_speculative_tokens=spec_tokens, ngram_min=1) if spec_tokens else {}
+    spec = {}
+    if spec_tokens and proposer == "ngram":
+        spec = dict(speculative_method="ngram", num_speculative_tokens=spec_tokens, ngram_min=1)
+    elif spec_tokens:  # a different random model with the same tiny vocabulary
+        spec = dict(speculative_method="draft", num_speculative_tokens=spec_tokens,
+                    draft_model=dict(SMALL_DRAFT, vocab_size=VOCAB), draft_seed=5)
     return LLMEngine.from_config(config, EngineConfig(max_model_len=64, num_blocks=4096, max_num_seqs=256,
                                                       max_num_batched_tokens=4096, **spec), seed=11)
 
@@ -109,8 +129,8 @@ def _p_values(samples: np.ndarray, marginals: list[np.ndarray]) -> list[float]:
     return out
 
 
-def _samples(spec_tokens: int, n: int) -> np.ndarray:
-    eng = _tiny_vocab_engine(spec_tokens)
+def _samples(spec_tokens: int, n: int, proposer: str = "ngram") -> np.ndarray:
+    eng = _tiny_vocab_engine(spec_tokens, proposer)
     # Four tokens, so that the first three are reached through verifications of up to two drafts.
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(n)]
     outs = eng.generate([CONTEXT] * n, params)
@@ -127,10 +147,10 @@ def marginals() -> list[np.ndarray]:
     return _exact_marginals(3)
 
 
-def test_sampled_tokens_follow_the_targets_distribution_with_and_without_speculation(marginals) -> None:
-    for spec_tokens in (0, 3):
-        p_values = _p_values(_samples(spec_tokens, N_SAMPLES), marginals)
-        assert min(p_values) > 1e-3, (spec_tokens, p_values)
+@pytest.mark.parametrize("spec_tokens, proposer", [(0, "none"), (3, "ngram"), (3, "draft")])
+def test_sampled_tokens_follow_the_targets_distribution(marginals, spec_tokens, proposer) -> None:
+    p_values = _p_values(_samples(spec_tokens, N_SAMPLES, proposer), marginals)
+    assert min(p_values) > 1e-3, p_values
 
 
 def test_a_broken_acceptance_rule_fails_the_same_test(marginals, monkeypatch) -> None:
@@ -216,3 +236,11 @@ def test_bad_speculative_settings_are_refused() -> None:
         EngineConfig(speculative_method="ngram", num_speculative_tokens=9)
     with pytest.raises(ValueError, match="not supported"):
         EngineConfig(speculative_method="medusa", num_speculative_tokens=2)
+
+
+def test_a_draft_model_needs_a_config_and_the_targets_vocabulary() -> None:
+    with pytest.raises(ValueError, match="needs draft_model"):
+        EngineConfig(speculative_method="draft", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLMEngine.from_config(TINY, EngineConfig(speculative_method="draft", num_speculative_tokens=2,
+                                                 draft_model=dict(SMALL_DRAFT, vocab_size=32)))
