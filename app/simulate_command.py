@@ -126,6 +126,11 @@ def simulate_command(
     profile: Optional[Path] = typer.Option(None, help="a servecast profile of the hardware (for *-local devices)"),
     hardware_file: Optional[Path] = typer.Option(None, help="YAML with extra accelerators"),
     seed: int = typer.Option(0),
+    speculative: Optional[str] = typer.Option(None, help="speculative decoding: ngram or draft"),
+    num_speculative_tokens: int = typer.Option(0, help="draft tokens per verification (1..8)"),
+    acceptance: Optional[float] = typer.Option(None, help="probability a draft is accepted given the earlier ones"),
+    acceptance_file: Optional[Path] = typer.Option(None, help="measured acceptance.json (servecast train-pair)"),
+    draft_model: Optional[str] = typer.Option(None, help="the draft's catalog id or config.json (--speculative draft)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
 ) -> None:
@@ -141,7 +146,10 @@ def simulate_command(
                            enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,
                            scheduler=scheduler, router=router, slo=slo, seed=seed,
                            profile=str(profile) if profile else None,
-                           hardware_file=str(hardware_file) if hardware_file else None)
+                           hardware_file=str(hardware_file) if hardware_file else None,
+                           speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                           acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
+                           draft_model=draft_model)
         result = run_simulation(config, trace, rate_scale, as_json, console)
     except ValidationError as exc:
         fail(validation_message(exc))

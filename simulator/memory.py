@@ -89,8 +89,11 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int) -> flo
 
 def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int, weight_precision: str,
                 kv_dtype: str, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
-                max_num_seqs: int, max_model_len: int | None, memory_bytes: float | None = None) -> MemoryPlan:
-    """The replica's memory plan; MemoryPlanError with the cause and a fix when it cannot serve."""
+                max_num_seqs: int, max_model_len: int | None, memory_bytes: float | None = None,
+                draft: ModelSpec | None = None) -> MemoryPlan:
+    """The replica's memory plan; MemoryPlanError with the cause and a fix when it cannot serve.
+    draft: a speculative-decoding draft model, whose weights and KV (a slot per target slot) share
+    the GPUs."""
     if memory_bytes is None:
         if accelerator.memory_gb is None:
             raise MemoryPlanError(f"{accelerator.id} has no memory size in the catalog: set num_gpu_blocks "
@@ -98,6 +101,8 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
         memory_bytes = accelerator.memory_gb * GB
     usable = memory_bytes * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, weight_precision, tp, pp)
+    if draft is not None:
+        weights += weight_bytes_per_gpu(draft, weight_precision, tp, pp)
     if weights > usable:
         raise MemoryPlanError(_weights_do_not_fit(model, accelerator, weight_precision, tp, pp, usable, memory_bytes,
                                                gpu_memory_utilization))
@@ -105,6 +110,8 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
     reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp > 1 else 0.0)
     kv = usable - weights - activations - reserve
     per_token = kv_bytes_per_token(model, kv_dtype, tp, pp)
+    if draft is not None:
+        per_token += kv_bytes_per_token(draft, kv_dtype, tp, pp)
     num_blocks = int(max(kv, 0) // (per_token * block_size))
     # Without a stated max_model_len the replica serves whatever fits (at least one block).
     needed = -(-max_model_len // block_size) if max_model_len is not None else 1

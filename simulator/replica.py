@@ -26,6 +26,7 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from simulator import steady_decode
 from engine.sequence import Sequence
 from simulator.metrics import Recorder
+from simulator.speculation import Speculation
 from simulator.step_timer import StepTimer
 from simulator.workload import Request
 
@@ -51,14 +52,16 @@ class _VirtualEngine:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
                  recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
-                 bulk_decodes: bool = True) -> None:
+                 bulk_decodes: bool = True, speculation: Speculation | None = None) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
+        self.speculation = speculation  # simulator/speculation.py, when speculative decoding is on
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
         # request id -> the token it samples, for every unfinished request (update() reads it).
         self._sampled: dict = {}
         self.sample_every_s = sample_every_s
         # Apply steady decode runs in bulk (simulator/steady_decode.py); same outcome, fewer calls.
-        self.bulk_decodes = bulk_decodes
+        # Not under speculation: its steps verify drafts, they are not plain decodes.
+        self.bulk_decodes = bulk_decodes and speculation is None
         self._next_sample_s = 0.0
         self.finished_requests = 0
         self.output_tokens = 0
@@ -114,12 +117,17 @@ class Replica:
                 cold_s = 0.0
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas
                 all_decodes = timer.last_all_decodes
+                accepted = None
+                if self.speculation is not None:  # drafts proposed before the step, accepted by it
+                    step_s += self.speculation.draft_time(out, scheduler.requests)
+                    accepted = self.speculation.accepted(out, scheduler.requests)
+                    sampled += sum(len(a) for a in accepted.values())
                 self.busy_s += step_s
                 now += step_s
                 if now > self.clock.next_arrival_s:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
-                finished = self._apply(engine, out, now, sampled)
+                finished = self._apply(engine, out, now, sampled, accepted)
                 # A bulk run pays off only if steps fit before the next arrival; the last step's
                 # length is the guess (skipping a run changes nothing but speed).
                 if (self.bulk_decodes and self.clock.next_arrival_s - now > 2 * step_s
@@ -161,8 +169,10 @@ class Replica:
             if scheduler.waiting and finished:
                 return now  # freed blocks may admit the waiting: the scheduler decides
 
-    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int) -> int:
-        finished = engine.scheduler.update(out, self._sampled, now)
+    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
+               accepted: dict | None = None) -> int:
+        finished = engine.scheduler.update(out, self._sampled, now, accepted) if accepted else \
+            engine.scheduler.update(out, self._sampled, now)
         self.output_tokens += sampled
         for f in finished:
             self._retire(engine, f.request_id)

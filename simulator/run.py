@@ -19,6 +19,7 @@ from simulator.replica import ArrivalClock, Replica
 from simulator.router import Router
 from simulator.sim_config import SimConfig
 from simulator.static_batching import StaticBatchScheduler
+from simulator.speculation import Speculation, acceptance_profile
 from simulator.step_timer import StepTimer
 from simulator.workload import Workload
 
@@ -53,7 +54,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
         raise ValueError(f"{plan.num_blocks} KV blocks cannot be shared by pp={pp} virtual engines: use a smaller pp")
     scheduler_config = SchedulerConfig(max_num_seqs=max(1, config.max_num_seqs // pp),
                                        max_num_batched_tokens=config.max_num_batched_tokens,
-                                       max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill)
+                                       max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill,
+                                       num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
     cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
 
     def make_scheduler():
@@ -70,7 +72,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     recorder = Recorder()
     span = max(workload.duration_s, 1e-3)
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
-    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes)
+    speculations = [make_speculation(config, model, cost_model, weight_dtype, i) for i in range(config.replicas)]
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes, speculations[i])
                 for i in range(config.replicas)]
     router = Router(config.router, replicas)
     total = len(workload)
@@ -98,6 +101,18 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     timeseries = recorder.timeseries_frame()
     summary = summarize(config, accelerator, cost_model, plan, timer, recorder, requests, timeseries, replicas)
     return SimResult(config, summary, requests, timeseries, plan)
+
+
+def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dtype: str | None,
+                     replica: int) -> Speculation | None:
+    """A replica's speculative-decoding model (None when off): acceptance draws seeded per replica."""
+    if config.speculative is None:
+        return None
+    cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
+    draft = config.draft_spec(model)
+    draft_timer = None if draft is None else StepTimer(cost_model, draft, config.tp, 1, config.compute_dtype,
+                                                       weight_dtype, config.cache_dtype, config.block_size)
+    return Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer)
 
 
 def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, timer: StepTimer,
@@ -153,4 +168,20 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         "memory": plan.to_dict(),
         "cost_model": {"source": "profile" if cost_model.profile is not None else "roofline x fitted efficiency",
                        "profile": config.profile},
+        "speculation": _speculation_summary(config, replicas),
     }
+
+
+def _speculation_summary(config: SimConfig, replicas: list[Replica]) -> dict | None:
+    specs = [r.speculation for r in replicas if r.speculation is not None]
+    if not specs:
+        return None
+    parts = [s.summary() for s in specs]
+    verifications = sum(p["verifications"] for p in parts)
+    proposed = sum(p["drafts_proposed"] for p in parts)
+    accepted = sum(p["drafts_accepted"] for p in parts)
+    return {"method": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
+            "cumulative_acceptance": parts[0]["cumulative_acceptance"], "verifications": verifications,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "mean_accepted_per_verification": accepted / verifications if verifications else 0.0,
+            "draft_time_s": sum(p["draft_time_s"] for p in parts)}

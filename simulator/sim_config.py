@@ -71,6 +71,15 @@ class SimConfig(BaseModel):
     slo: dict[str, float] = Field(default_factory=dict, description="e.g. {'ttft_p99': 2.0, 'tpot_p99': 0.1}")
     seed: int = 0
     timeseries_interval_s: float | None = Field(default=None, gt=0)
+    # Speculative decoding (simulator/speculation.py): the proposer, draft tokens per verification,
+    # and acceptance -- a per-token rate, or the engine's measured per-position profile (the
+    # acceptance.json `servecast train-pair` / `servecast acceptance` write).
+    speculative: Literal["ngram", "draft"] | None = None
+    num_speculative_tokens: int = Field(default=0, ge=0, le=8)
+    acceptance: float | None = Field(default=None, ge=0.0, le=1.0,
+                                     description="probability each draft is accepted given the ones before were")
+    acceptance_file: str | None = None
+    draft_model: str | None = Field(default=None, description="the draft's catalog id or config.json (speculative=draft)")
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -89,6 +98,16 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "SimConfig":
+        if self.speculative is not None:
+            if not 1 <= self.num_speculative_tokens <= 8:
+                raise ValueError("speculative decoding needs num_speculative_tokens between 1 and 8")
+            if (self.acceptance is None) == (self.acceptance_file is None):
+                raise ValueError("speculative decoding needs the draft acceptance: give acceptance (a rate) or "
+                                 "acceptance_file (measured per position), one of them")
+            if self.speculative == "draft" and self.draft_model is None:
+                raise ValueError("speculative=draft needs draft_model (a catalog id or config.json) for its cost")
+            if self.scheduler != "continuous":
+                raise ValueError("speculative decoding runs in the continuous-batching scheduler: use scheduler=continuous")
         if self.max_model_len is not None and self.max_num_batched_tokens < self.max_model_len \
                 and not self.enable_chunked_prefill:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
@@ -128,6 +147,7 @@ class SimConfig(BaseModel):
         if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:
             raise ValueError(f"{accelerator.id} has no fp8 tensor cores in the catalog: use quant=int8 or int4 "
                              "(weight-only) or an fp8-capable accelerator (h100-sxm, h200, l40s, mi300x, ...)")
+        draft = self.draft_spec(model)
         if self.num_gpu_blocks is not None:
             blocks = self.num_gpu_blocks
             if self.max_model_len is not None and blocks * self.block_size < self.max_model_len:
@@ -141,8 +161,21 @@ class SimConfig(BaseModel):
             plan = plan_memory(model, accelerator, tp=self.tp, pp=self.pp, weight_precision=self.quant,
                                kv_dtype=self.cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                                block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, draft=draft)
         return model, accelerator, plan
+
+    def draft_spec(self, model: ModelSpec) -> ModelSpec | None:
+        """The speculative draft model (speculative=draft), checked against the target."""
+        if self.speculative != "draft":
+            return None
+        draft = load_model(self.draft_model)
+        if draft.vocab_size != model.vocab_size:
+            raise ValueError(f"draft {draft.name} has a {draft.vocab_size}-token vocabulary, {model.name} "
+                             f"{model.vocab_size}: a draft must share the target's tokenizer")
+        if draft.num_heads % self.tp:
+            raise ValueError(f"tp={self.tp} does not divide draft {draft.name}'s {draft.num_heads} heads: "
+                             "pick a draft whose heads tp divides")
+        return draft
 
     @property
     def num_gpus(self) -> int:

@@ -1,0 +1,111 @@
+"""Speculative decoding in the simulator: accepted drafts and the draft's cost. No torch.
+
+The replica's scheduler is the engine's, with num_lookahead_tokens = gamma, so verification
+chunks (the last token plus draft slots) are scheduled exactly as the engine schedules them, from
+the step's spare budget and blocks. What the model runner would decide is drawn here:
+
+- accepted drafts: from the acceptance profile -- cumulative[i] = P(the first i + 1 drafts are all
+  accepted), the engine's SpecStats.acceptance_by_position -- with one uniform draw per
+  verification (a = number of positions i < k with u < cumulative[i]), seeded per replica;
+- the draft's time (speculative=draft): one draft forward over every chunk of the step (it
+  mirrors the target's prompt chunks and catches up on the last token), then gamma - 1 one-token
+  forwards of the requests being verified, each from the cost model with the draft's shapes. An
+  n-gram proposer costs nothing on the device.
+
+The verification itself is in the target's step: a (k + 1)-token chunk over the cached context.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.scheduler import ScheduledChunk, SchedulerOutput
+
+
+def acceptance_profile(rate: float | None = None, path: str | None = None, gamma: int = 8) -> list[float]:
+    """Cumulative acceptance per draft position (non-increasing), from a per-token rate or an
+    engine-measured profile (positions beyond the measured ones repeat its conditional rate)."""
+    if path is not None:
+        try:
+            raw = json.loads(Path(path).read_text())
+            measured = [float(x) for x in raw["acceptance_by_position"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"acceptance file {path}: {exc}; give the acceptance.json written by "
+                             "`servecast train-pair` or `servecast acceptance --json`") from None
+        if not measured or not all(0.0 <= x <= 1.0 for x in measured):
+            raise ValueError(f"acceptance file {path}: acceptance_by_position must hold rates in [0, 1]")
+        cumulative = list(np.minimum.accumulate(measured))
+        while len(cumulative) < gamma:  # extrapolate with the last conditional rate
+            last = cumulative[-1]
+            ratio = last / cumulative[-2] if len(cumulative) > 1 and cumulative[-2] > 0 else last
+            cumulative.append(last * ratio)
+        return cumulative[:gamma]
+    if rate is None:
+        raise ValueError("an acceptance rate or file is needed")
+    return [rate ** (i + 1) for i in range(gamma)]
+
+
+@dataclass
+class Speculation:
+    cumulative: list[float]
+    seed: int = 0
+    draft_timer: object | None = None  # simulator.step_timer.StepTimer of the draft model, or None (n-gram)
+    verifications: int = 0
+    proposed: int = 0
+    accepted_tokens: int = 0
+    draft_s: float = 0.0
+    _rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+
+    def accepted(self, out: SchedulerOutput, requests) -> dict[str, list[int]]:
+        """Accepted drafts (stand-in tokens) for every verification chunk of the step."""
+        result = {}
+        for c in out.chunks:
+            seq = requests[c.request_id]
+            slots = c.start + c.num_tokens - len(seq.token_ids)
+            if slots <= 0:
+                continue
+            u = self._rng.random()
+            a = 0
+            while a < slots and u < self.cumulative[a]:
+                a += 1
+            result[c.request_id] = [0] * a
+            self.verifications += 1
+            self.proposed += slots
+            self.accepted_tokens += a
+        return result
+
+    def draft_time(self, out: SchedulerOutput, requests) -> float:
+        """Seconds the draft model spends proposing for this step (0 for n-gram lookup)."""
+        if self.draft_timer is None:
+            return 0.0
+        first: list[ScheduledChunk] = []
+        extra: list[tuple[int, int]] = []  # (position of the first draft, further drafts)
+        for c in out.chunks:
+            known = len(requests[c.request_id].token_ids)
+            slots = c.start + c.num_tokens - known
+            if slots > 0:
+                first.append(ScheduledChunk(c.request_id, c.start, 1, False, True))
+                extra.append((known, slots - 1))
+            else:
+                first.append(c)
+        total = self.draft_timer.step(first)
+        for j in range(1, max((n for _, n in extra), default=0) + 1):
+            chunks = [ScheduledChunk("", position + j - 1, 1, False, True) for position, n in extra if n >= j]
+            total += self.draft_timer.step(chunks)
+        self.draft_s += total
+        return total
+
+    def summary(self) -> dict:
+        return {"verifications": self.verifications, "drafts_proposed": self.proposed,
+                "drafts_accepted": self.accepted_tokens,
+                "acceptance_rate": self.accepted_tokens / self.proposed if self.proposed else 0.0,
+                "mean_accepted_per_verification": self.accepted_tokens / self.verifications
+                if self.verifications else 0.0,
+                "draft_time_s": self.draft_s, "cumulative_acceptance": self.cumulative}
