@@ -55,7 +55,11 @@ def corpus_files(root: Path | None = None) -> list[Path]:
 def split_corpus(files: list[Path], heldout_every: int) -> tuple[bytes, bytes]:
     train, heldout = [], []
     for i, path in enumerate(files):
-        (heldout if i % heldout_every == heldout_every - 1 else train).append(path.read_bytes())
+        # Every heldout_every-th file is held out (the last one, when there are fewer files).
+        last = i == len(files) - 1 and len(files) < heldout_every
+        (heldout if i % heldout_every == heldout_every - 1 or last else train).append(path.read_bytes())
+    if not train:
+        raise ValueError("the corpus needs at least two files: one to train on, one held out")
     return b"\n".join(train), b"\n".join(heldout)
 
 
