@@ -2,7 +2,9 @@
 
 Tokens of all requests in a step are packed into one [tokens, heads, head_dim] tensor. Requests
 with one query token (decodes, and one-token prefill chunks) are attended in padded batches of
-similar context length; longer chunks (prefills) one by one, each over its full cached context.
+similar context length; speculative verification chunks (a request's last token and its drafts)
+in one padded batch with a causal mask per row; longer chunks (prefills) one by one, each over its
+full cached context.
 """
 
 from __future__ import annotations
@@ -38,25 +40,44 @@ class PrefillSlice:
 
 
 @dataclass
+class VerifyBatch:
+    """Verification chunks attended together: each row's queries padded to the longest chunk by
+    repeating its last query (same query, same mask: the same output, written twice)."""
+
+    rows: torch.Tensor  # [batch, queries] rows of the packed tokens
+    blocks: torch.Tensor  # [batch * width] block ids, padded with block 0
+    width: int
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> [batch, queries, keys]
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens]
     decodes: list[DecodeBatch] = field(default_factory=list)
     prefills: list[PrefillSlice] = field(default_factory=list)
+    verify: VerifyBatch | None = None
 
 
 def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], block_size: int,
-                   windows: set[int | None], device: torch.device) -> AttentionMetadata:
-    """chunks: (start_position, num_tokens, block_table) in packed order."""
+                   windows: set[int | None], device: torch.device,
+                   verifying: set[int] | frozenset = frozenset()) -> AttentionMetadata:
+    """chunks: (start_position, num_tokens, block_table) in packed order; verifying: indices of the
+    chunks that verify speculative drafts (attended in one padded batch)."""
     meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device))
     decodes: list[tuple[int, int, list[int]]] = []  # (context length, packed row, block table)
+    verify: list[tuple[int, int, int, list[int]]] = []  # (start position, tokens, first row, block table)
     begin = 0
-    for start, num_tokens, table in chunks:
+    for index, (start, num_tokens, table) in enumerate(chunks):
         if num_tokens == 1:
             decodes.append((start + 1, begin, table))
+        elif index in verifying:
+            verify.append((start, num_tokens, begin, table))
         else:
             meta.prefills.append(PrefillSlice(begin, begin + num_tokens, start,
                                               torch.tensor(table, dtype=torch.long, device=device)))
         begin += num_tokens
+    if verify:
+        meta.verify = _verify_batch(verify, block_size, windows, device)
     for group in decode_groups(sorted(decodes, key=lambda d: d[0]), lambda d: d[0], block_size):
         width = -(-group[-1][0] // block_size)  # the longest context sets the padded width
         blocks = [b for _, _, table in group for b in (table[:width] + [0] * (width - len(table[:width])))]
@@ -82,6 +103,25 @@ def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], b
                 valid &= keys > q_pos - window
             p.masks[window] = valid
     return meta
+
+
+def _verify_batch(verify: list[tuple[int, int, int, list[int]]], block_size: int, windows: set[int | None],
+                  device: torch.device) -> VerifyBatch:
+    queries = max(n for _, n, _, _ in verify)
+    width = -(-max(start + n for start, n, _, _ in verify) // block_size)
+    rows = [[begin + min(i, n - 1) for i in range(queries)] for _, n, begin, _ in verify]
+    blocks = [b for _, _, _, table in verify for b in (table[:width] + [0] * (width - len(table[:width])))]
+    positions = torch.tensor([[start + min(i, n - 1) for i in range(queries)] for start, n, _, _ in verify],
+                             dtype=torch.long, device=device)[:, :, None]
+    keys = torch.arange(width * block_size, device=device)[None, None, :]
+    batch = VerifyBatch(torch.tensor(rows, dtype=torch.long, device=device),
+                        torch.tensor(blocks, dtype=torch.long, device=device), width)
+    for window in windows:
+        valid = keys <= positions
+        if window is not None:
+            valid &= keys > positions - window
+        batch.masks[window] = valid
+    return batch
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
@@ -112,6 +152,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
         queries = q[d.token_index].view(batch, num_kv_heads, group, head_dim)
         attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=d.masks[window], scale=scale)
         out[d.token_index] = attn.reshape(batch, num_heads, head_dim)
+
+    if meta.verify is not None:
+        b = meta.verify
+        batch, queries_per_row = b.rows.shape
+        keys, values = cache.gather(layer, b.blocks)  # [kv_heads, batch * keys, head_dim]
+        keys = keys.view(num_kv_heads, batch, -1, head_dim).transpose(0, 1)
+        values = values.view(num_kv_heads, batch, -1, head_dim).transpose(0, 1)
+        # [batch, queries, kv_heads, group, hd] -> [batch, kv_heads, queries * group, hd]: K/V read once per group.
+        queries = q[b.rows.reshape(-1)].view(batch, queries_per_row, num_kv_heads, group, head_dim)
+        queries = queries.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, queries_per_row * group, head_dim)
+        mask = b.masks[window]  # [batch, queries, keys], the same for every head of a group
+        mask = mask[:, None, :, None, :].expand(batch, 1, queries_per_row, group, mask.shape[-1])
+        attn = F.scaled_dot_product_attention(queries, keys, values, scale=scale,
+                                              attn_mask=mask.reshape(batch, 1, queries_per_row * group, -1))
+        attn = attn.view(batch, num_kv_heads, queries_per_row, group, head_dim).permute(0, 2, 1, 3, 4)
+        out[b.rows.reshape(-1)] = attn.reshape(batch * queries_per_row, num_heads, head_dim)
 
     for p in meta.prefills:
         queries = q[p.token_begin:p.token_end].transpose(0, 1)  # [heads, n, head_dim]

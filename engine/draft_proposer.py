@@ -99,7 +99,8 @@ class DraftModelProposer:
         return drafts, {r: torch.stack(p) for r, p in probs.items() if p}
 
     def _forward(self, step: SchedulerOutput, views: dict[str, _DraftView]) -> list[tuple[str, torch.Tensor]]:
-        inputs = prepare_step(step, views, self.block_size, self.windows, self.device)
+        # A fully accepted run leaves the draft two tokens to catch up on: short chunks attend together.
+        inputs = prepare_step(step, views, self.block_size, self.windows, self.device, batch_short=True)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         if not inputs.sample_rows:
             return []

@@ -82,14 +82,18 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
+SHORT_CHUNK = 16  # batch_short: chunks of at most this many tokens over a cached context attend together
+
+
 def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
                  windows: set[int | None], device: torch.device,
-                 drafts: Mapping[str, list[int]] | None = None) -> StepInputs:
+                 drafts: Mapping[str, list[int]] | None = None, batch_short: bool = False) -> StepInputs:
     """The host-side work of a step: pack the scheduled chunks into tensors and attention metadata.
 
     A chunk that reaches past its request's last token (lookahead slots) carries that token and the
     request's drafts (as many as were proposed, up to the slots) and is verified on every row."""
     verify_ranges: list[tuple[str, int, int]] = []
+    verifying: set[int] = set()  # indices (in chunks) of multi-token verification chunks
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -108,12 +112,16 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
             input_ids.extend(tokens)
             positions.extend(range(chunk.start, chunk.start + n))
             slots.extend(slots_for(seq.block_table, chunk.start, chunk.start + n, block_size))
+            if n > 1:
+                verifying.add(len(chunks))
             chunks.append((chunk.start, n, seq.block_table))
             verify_ranges.append((chunk.request_id, begin, n))
             continue
         input_ids.extend(seq.token_ids[chunk.start:end_pos])
         positions.extend(range(chunk.start, end_pos))
         slots.extend(slots_for(seq.block_table, chunk.start, end_pos, block_size))
+        if batch_short and chunk.start > 0 and 1 < chunk.num_tokens <= SHORT_CHUNK:
+            verifying.add(len(chunks))
         chunks.append((chunk.start, chunk.num_tokens, seq.block_table))
         if chunk.samples:
             sample_rows.append(begin + chunk.num_tokens - 1)
@@ -123,5 +131,5 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
             logit_ranges.append((chunk.request_id, begin, n, chunk.start))
     return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=device),
                       torch.tensor(positions, dtype=torch.long, device=device),
-                      build_metadata(slots, chunks, block_size, windows, device),
+                      build_metadata(slots, chunks, block_size, windows, device, verifying),
                       sample_rows, sample_ids, logit_ranges, verify_ranges)

@@ -66,6 +66,9 @@ class Chunk:
     num_tokens: int
     context_len: int
     samples: bool = True
+    # A speculative verification chunk (the last token and its drafts): attended with the other
+    # verification chunks in one batch, like decodes, not as a prefill of its own.
+    verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -566,18 +569,22 @@ class CostModel:
             return cost
         self.add_token_ops(cost, sum(c.num_tokens for c in chunks), model, tp, dtype)
         for c in chunks:
-            if c.num_tokens > 1:
+            if c.num_tokens > 1 and not c.verify:
                 self.add_prefill_attention(cost, c.num_tokens, c.context_len, model, tp, dtype)
         decodes = [c.context_len for c in chunks if c.num_tokens == 1]
         if decodes:
             self.add_decode_attention(cost, decodes, model, tp, dtype, block_size=block_size)
+        verifying = [c.context_len for c in chunks if c.num_tokens > 1 and c.verify]
+        if verifying:  # read like one batch of decodes: the step is bound by its KV reads
+            self.add_decode_attention_total(cost, len(verifying), sum(verifying), model, tp, dtype)
         self.add_head(cost, sum(1 for c in chunks if c.samples), model, tp, dtype)
         if include_host:
             operators_s = cost.total_s
             cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
             cost.add("framework", self.predict_framework(
                 len(chunks), sum(c.num_tokens for c in chunks), model.num_layers, operators_s,
-                sum(1 for c in chunks if c.num_tokens > 1), decode_group_count(chunks, block_size)))
+                sum(1 for c in chunks if c.num_tokens > 1 and not c.verify),
+                decode_group_count(chunks, block_size) + (1 if verifying else 0)))
         return cost
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.

@@ -228,9 +228,10 @@ class StepTimer:
         padded = self._pads
         contexts: list[int] = []
         steady = True  # every chunk a one-token decode (not a one-token prefill)
+        verify = verify_context = 0  # speculative verification chunks: attended in one batch
         for _, start, n, is_prefill, samples in chunks:
             tokens += n
-            if is_prefill:
+            if is_prefill or n != 1:
                 steady = False
             if samples:
                 sampled += 1
@@ -239,6 +240,11 @@ class StepTimer:
                 decode_context += start + 1
                 if padded:
                     contexts.append(start + 1)
+            elif not is_prefill:  # the last token and its drafts (engine/attention.py VerifyBatch)
+                verify += 1
+                verify_context += start + n
+                keys += n * start + n * (n + 1) // 2
+                prefill_context += start + n
             else:
                 prefill_tokens += n
                 prefill_s += self.prefill_attention(n, start + n)
@@ -255,7 +261,10 @@ class StepTimer:
             decode_s, groups = self.padded_decode_attention(contexts)
         else:
             decode_s = self.decode_attention(decodes, decode_context)
-        return self._complete(tokens, sampled, decodes, decode_context, prefill_tokens, prefill_s, keys,
+        if verify:  # one padded batch, read like decodes (KV-bound); counted as one more group
+            decode_s += self.decode_attention(verify, verify_context)
+            groups += 1
+        return self._complete(tokens, sampled, decodes + verify, decode_context, prefill_tokens, prefill_s, keys,
                               prefill_context, len(chunks), decode_s, groups)
 
     def _complete(self, tokens: int, sampled: int, decodes: int, decode_context: int, prefill_tokens: int,

@@ -71,8 +71,12 @@ def test_step_timer_equals_the_cost_models_step_time() -> None:
 
     for chunks in ([ScheduledChunk(1, 100, 1, False, True), ScheduledChunk(2, 3000, 1, False, True)],
                    [ScheduledChunk(1, 0, 512, True, True), ScheduledChunk(2, 40, 1, False, True)],
-                   [ScheduledChunk(1, 512, 256, True, False)]):
-        expected = cost_model.step_time([Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in chunks],
+                   [ScheduledChunk(1, 512, 256, True, False)],
+                   # speculative verification chunks (not prefill, several tokens) next to a decode
+                   [ScheduledChunk(1, 300, 5, False, True), ScheduledChunk(2, 90, 3, False, True),
+                    ScheduledChunk(3, 700, 1, False, True)]):
+        expected = cost_model.step_time([Chunk(c.num_tokens, c.start + c.num_tokens, c.samples,
+                                               verify=c.num_tokens > 1 and not c.is_prefill) for c in chunks],
                                         spec, tp=2, dtype="bf16", block_size=16).total_s
         assert timer.step(chunks) == pytest.approx(expected, rel=1e-9)
         assert timer.step(chunks) == pytest.approx(expected, rel=1e-9)  # again, from the memo
