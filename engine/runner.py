@@ -54,12 +54,17 @@ class ModelRunner:
             params = [requests[r].sampling for r in inputs.sample_ids]
             tokens = sample(logits, params, [generators.get(r) for r in inputs.sample_ids])
             result.sampled = dict(zip(inputs.sample_ids, tokens))
-        for request_id, begin, n in inputs.verify_ranges:
-            logits = self.model.compute_logits(hidden[begin:begin + n]).float()
-            accepted, token = verify(logits, (drafts or {}).get(request_id, []), requests[request_id].sampling,
-                                     generators.get(request_id), (draft_probs or {}).get(request_id))
-            result.sampled[request_id] = token
-            result.accepted[request_id] = accepted
+        if inputs.verify_ranges:  # every verified row's logits in one LM-head GEMM, then per request
+            rows = [r for _, begin, n in inputs.verify_ranges for r in range(begin, begin + n)]
+            all_logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
+            offset = 0
+            for request_id, _, n in inputs.verify_ranges:
+                accepted, token = verify(all_logits[offset:offset + n], (drafts or {}).get(request_id, []),
+                                         requests[request_id].sampling, generators.get(request_id),
+                                         (draft_probs or {}).get(request_id))
+                offset += n
+                result.sampled[request_id] = token
+                result.accepted[request_id] = accepted
         for request_id, begin, n, first_pos in inputs.logit_ranges:
             result.prompt_logits[request_id] = (first_pos, self.model.compute_logits(hidden[begin:begin + n]).cpu())
         return result

@@ -263,22 +263,29 @@ class Scheduler:
 
     def _advance_speculative(self, seq: Sequence, start: int, accepted: Seq[int], token: int,
                              now: float) -> FinishedRequest | None:
-        """A verification step: the last known token and the accepted drafts are computed, then
-        the drafts and the sampled token are appended (a stop rule may end the request midway).
-        Rejected drafts leave nothing behind: their positions are past num_computed_tokens (their
-        KV slots are overwritten later) and blocks held only for them go back to the pool."""
-        seq.num_computed_tokens = start + 1 + len(accepted)
-        # Only verified tokens are ever registered: registration stops at num_computed_tokens.
-        if seq.num_computed_tokens // self.block_manager.block_size > seq.num_registered_blocks:
-            self.block_manager.cache_full_blocks(seq)
+        """A verification step: the accepted drafts and the sampled token are appended (up to the
+        first that meets a stop rule); the last known token and the accepted drafts are now
+        computed. Rejected drafts leave nothing behind: their positions are past
+        num_computed_tokens (their KV slots are overwritten later) and blocks held only for them go
+        back to the pool."""
+        status = None
         for t in (*accepted, token):
             seq.token_ids.append(t)
             seq.token_times.append(now)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            done = self.stop_if_done(seq, t, now)
-            if done is not None:
-                return done
+            status = self._stop_status(seq, t)
+            if status is not None:
+                break
+        seq.num_computed_tokens = min(start + 1 + len(accepted), len(seq.token_ids))
+        # Registered before any finish frees the blocks, and only verified tokens: registration
+        # stops at num_computed_tokens.
+        if seq.num_computed_tokens // self.block_manager.block_size > seq.num_registered_blocks:
+            self.block_manager.cache_full_blocks(seq)
+        if status is not None:
+            self.running.remove(seq)
+            self._finish(seq, status, now)
+            return FinishedRequest(seq.request_id, status.value)
         self.block_manager.trim(seq, len(seq.token_ids))
         return None
 

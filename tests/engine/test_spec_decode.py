@@ -244,3 +244,19 @@ def test_a_draft_model_needs_a_config_and_the_targets_vocabulary() -> None:
     with pytest.raises(ValueError, match="vocabulary"):
         LLMEngine.from_config(TINY, EngineConfig(speculative_method="draft", num_speculative_tokens=2,
                                                  draft_model=dict(SMALL_DRAFT, vocab_size=32)))
+
+
+def test_verified_blocks_are_registered_with_their_accepted_tokens() -> None:
+    """A verification that fills a block registers it with the accepted drafts in it, so a later
+    request with the same tokens hits it."""
+    s = Scheduler(SchedulerConfig(8, 64, 128, True, num_lookahead_tokens=4), CacheConfig(4, 32, True))
+    a = Sequence("a", [5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True), 0.0)
+    s.add(a)
+    s.update(s.schedule(), {"a": 8}, 0.0)  # tokens 5 6 7 | 8
+    out = s.schedule()
+    s.update(out, {"a": 13}, 1.0, accepted={"a": [9, 10, 11, 12]})  # computes 8 .. 12: blocks 1 and 2 full
+    assert a.token_ids == [5, 6, 7, 8, 9, 10, 11, 12, 13] and a.num_computed_tokens == 8
+    assert a.num_registered_blocks == 2
+    b = Sequence("b", [5, 6, 7, 8, 9, 10, 11, 12, 40], SamplingParams(max_tokens=2, ignore_eos=True), 0.0)
+    assert len(s.block_manager.get_computed_blocks(b)) == 2  # both blocks, with the drafts' tokens in them
+    s.block_manager.check_invariants()
