@@ -131,6 +131,7 @@ def simulate_command(
     acceptance: Optional[float] = typer.Option(None, help="probability a draft is accepted given the earlier ones"),
     acceptance_file: Optional[Path] = typer.Option(None, help="measured acceptance.json (servecast train-pair)"),
     draft_model: Optional[str] = typer.Option(None, help="the draft's catalog id or config.json (--speculative draft)"),
+    draft_profile: Optional[Path] = typer.Option(None, help="a profile of the draft on this hardware (*-local devices)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
 ) -> None:
@@ -149,7 +150,7 @@ def simulate_command(
                            hardware_file=str(hardware_file) if hardware_file else None,
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                            acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
-                           draft_model=draft_model)
+                           draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None)
         result = run_simulation(config, trace, rate_scale, as_json, console)
     except ValidationError as exc:
         fail(validation_message(exc))

@@ -4,8 +4,8 @@ the simulator's prediction of the same, side by side. Prints figures; never pass
 For each batch size (requests served together, all arriving at once) and gamma (draft tokens per
 verification, 0 = off): the engine serves held-out prompts greedily with the trained draft,
 measuring output tokens/s and the draft's acceptance per position; the simulator then predicts the
-same run on this device's profile (cpu-local) from that measured acceptance, with the draft's
-cost. Speedups are relative to gamma = 0 at the same batch size, measured and predicted.
+same run on this device's profiles (cpu-local; the target's and the draft's) from that measured
+acceptance. Speedups are relative to gamma = 0 at the same batch size, measured and predicted.
 
     servecast train-pair            # once: trains and saves the pair (a few minutes)
     python bench/spec_decode.py [--pair DIR] [--batches 1,4,16] [--gammas 1,2,4,8]
@@ -47,9 +47,9 @@ def engine_run(pair: Path, weights: dict, prompts: list[list[int]], gamma: int) 
     return sum(len(o.output_token_ids) for o in outs) / seconds, engine.spec_stats.to_dict(), engine.num_steps
 
 
-def predicted(pair: Path, profile: Path, batch: int, gamma: int, acceptance: Path | None) -> float:
+def predicted(pair: Path, profile: Path, draft_profile: Path, batch: int, gamma: int, acceptance: Path | None) -> float:
     spec = dict(speculative="draft", num_speculative_tokens=gamma, acceptance_file=str(acceptance),
-                draft_model=str(pair / "draft" / "config.json")) if gamma else {}
+                draft_model=str(pair / "draft" / "config.json"), draft_profile=str(draft_profile)) if gamma else {}
     config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
                        quant="fp32", num_gpu_blocks=BLOCKS, max_num_batched_tokens=BUDGET, max_num_seqs=64,
                        max_model_len=PROMPT + OUTPUT + 16, **spec)
@@ -69,11 +69,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     batches = [int(x) for x in args.batches.split(",")]
     gammas = [0] + [int(x) for x in args.gammas.split(",")]
-    profile = args.pair / f"profile-cpu-{args.threads}t.jsonl"
-    if not profile.exists():
-        print(f"profiling the target on this CPU -> {profile}")
-        Profiler(ModelConfig.from_hf(args.pair / "target"),
-                 grid=ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)).run(profile)
+    profiles = {}
+    for which, name in (("target", f"profile-cpu-{args.threads}t.jsonl"),
+                        ("draft", f"profile-draft-cpu-{args.threads}t.jsonl")):
+        profiles[which] = args.pair / name
+        if not profiles[which].exists():
+            print(f"profiling the {which} on this CPU -> {profiles[which]}")
+            Profiler(ModelConfig.from_hf(args.pair / which),
+                     grid=ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)).run(profiles[which])
     weights = {w: read_safetensors_dir(args.pair / w) for w in ("target", "draft")}
     heldout = (args.pair / "heldout.bin").read_bytes()
     step = (len(heldout) - PROMPT) // max(batches)
@@ -88,7 +91,7 @@ def main() -> None:
             if gamma:
                 acceptance = args.pair / f"acceptance-b{batch}-g{gamma}.json"
                 acceptance.write_text(json.dumps(stats))
-            pred = predicted(args.pair, profile, batch, gamma, acceptance)
+            pred = predicted(args.pair, profiles["target"], profiles["draft"], batch, gamma, acceptance)
             base_measured, base_predicted = base_measured or rate, base_predicted or pred
             accept = ",".join(f"{a:.2f}" for a in stats["acceptance_by_position"]) if gamma else "-"
             print(f"{batch:>5} {gamma:>5} {accept:>22} {rate:>14.0f} {rate / base_measured:>8.2f} "

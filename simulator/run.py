@@ -110,8 +110,14 @@ def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dty
         return None
     cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
     draft = config.draft_spec(model)
-    draft_timer = None if draft is None else StepTimer(cost_model, draft, config.tp, 1, config.compute_dtype,
-                                                       weight_dtype, config.cache_dtype, config.block_size)
+    draft_timer = None
+    if draft is not None:
+        # A profile of the draft itself, where given: small models are bound by per-operator
+        # overheads that the target's curves extrapolate poorly.
+        draft_costs = cost_model if config.draft_profile is None else CostModel.load(
+            config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
+        draft_timer = StepTimer(draft_costs, draft, config.tp, 1, config.compute_dtype, weight_dtype,
+                                config.cache_dtype, config.block_size)
     return Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer)
 
 

@@ -80,6 +80,8 @@ class SimConfig(BaseModel):
                                      description="probability each draft is accepted given the ones before were")
     acceptance_file: str | None = None
     draft_model: str | None = Field(default=None, description="the draft's catalog id or config.json (speculative=draft)")
+    draft_profile: str | None = Field(default=None, description="a profile of the draft on this hardware "
+                                                                "(default: the target's cost model, draft shapes)")
 
     @field_validator("slo", mode="before")
     @classmethod
