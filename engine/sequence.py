@@ -21,7 +21,9 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
-@dataclass(slots=True)  # slots: the scheduler reads these fields per request per step
+# slots: the scheduler reads these fields per request per step. eq=False: a request is an identity,
+# and list.remove (running.remove) would otherwise compare every field of the requests before it.
+@dataclass(slots=True, eq=False)
 class Sequence:
     """Tokens, progress and KV blocks of one request.
 
