@@ -236,6 +236,20 @@ class SchedulerConfig:
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QUANT_MODES = ("int8", "int4", "fp8")  # weight-only (engine/quantization.py)
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def check_quantization(mode: str, group_size: int, in_features: int | None = None) -> None:
+    """Raise ValueError naming the fix when a weight-only quantization setting cannot work."""
+    if mode not in QUANT_MODES:
+        raise ValueError(f"quantization {mode!r} is not supported; use one of {', '.join(QUANT_MODES)}")
+    if mode == "int4":
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+        if in_features is not None and in_features % group_size:
+            raise ValueError(f"int4 with group size {group_size} needs every layer's input width to be a "
+                             f"multiple of it; a layer has {in_features}: pick a group size that divides it")
 
 
 @dataclass(frozen=True)
@@ -267,8 +281,14 @@ class EngineConfig:
     ngram_max: int = 4
     draft_model: Any = None
     draft_seed: int = 1
+    # Weight-only quantization of every linear layer (engine/quantization.py): int8, int4 (groups of
+    # quant_group_size inputs) or fp8 storage; None keeps the model's dtype.
+    quantization: str | None = None
+    quant_group_size: int = 128
 
     def __post_init__(self) -> None:
+        if self.quantization is not None:
+            check_quantization(self.quantization, self.quant_group_size)
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(f"speculative_method {self.speculative_method!r} is not supported; "
                              "use 'ngram', 'draft' or None")

@@ -83,6 +83,8 @@ class LLMEngine:
         model = model.to(device=self.device, dtype=self.dtype).eval()
         # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
         model.rotary.to(device=self.device, dtype=torch.float32)
+        if self.config.quantization is not None:
+            model.quantize_linears(self.config.quantization, self.config.quant_group_size)
         if self.config.pack_cpu_weights and self.device.type == "cpu":
             model.pack_linears_for_cpu()
         return model

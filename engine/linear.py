@@ -11,12 +11,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quantization import QuantizedWeight, quantize_weight, quantized_matmul
+
 
 class Linear(nn.Linear):
     packed: torch.Tensor | None = None
+    quantized: QuantizedWeight | None = None
+
+    def quantize(self, mode: str, group_size: int = 128) -> None:
+        """Replace the weight by its weight-only quantized form (engine/quantization.py); the float
+        weight is dropped, so the layer's memory is the quantized bytes."""
+        self.quantized = quantize_weight(self.weight, mode, group_size)
+        self.packed = None
+        del self.weight
+        self.weight = None  # stays an attribute, so nothing reads a stale float weight
 
     def pack_for_cpu(self) -> bool:
         """Pack the current weight for oneDNN; the weight must not change afterwards."""
+        if self.quantized is not None:
+            return False
         if self.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return False
         if self.weight.dtype not in (torch.float32, torch.bfloat16):
@@ -28,6 +41,9 @@ class Linear(nn.Linear):
         return self.packed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            y = quantized_matmul(x, self.quantized)
+            return y if self.bias is None else y + self.bias
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
         return F.linear(x, self.weight, self.bias)

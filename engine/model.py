@@ -106,6 +106,20 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def quantize_linears(self, mode: str, group_size: int = 128) -> int:
+        """Weight-only quantization of every linear layer (a tied LM head stays in float: its weight
+        is the embedding table); returns how many were quantized."""
+        tied = self.lm_head.weight is self.embed_tokens.weight
+        layers = [m for m in self.modules() if isinstance(m, Linear) and not (tied and m is self.lm_head)]
+        for m in layers:
+            m.quantize(mode, group_size)
+        return len(layers)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights as allocated: parameters plus quantized weights and their scales."""
+        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        return params + sum(m.quantized.nbytes for m in self.modules() if isinstance(m, Linear) and m.quantized)
+
     def pack_linears_for_cpu(self) -> int:
         """Pack every linear layer's weight for oneDNN (CPU only); returns how many were packed."""
         return sum(m.pack_for_cpu() for m in self.modules() if isinstance(m, Linear))

@@ -1,0 +1,69 @@
+"""Weight-only quantization: torch's packed kernels compute exactly the dequantized weights, in a
+layer and through the whole engine; bytes as allocated shrink as they should."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.linear import Linear
+from engine.quantization import dequantize
+
+MODEL = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+MODES = [("int8", 128), ("int4", 32), ("int4", 128), ("fp8", 128)]
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+def test_a_quantized_layer_computes_its_dequantized_weight(mode, group) -> None:
+    torch.manual_seed(0)
+    layer = Linear(256, 96, bias=True)
+    weight = layer.weight.detach().clone()
+    x = torch.randn(9, 256)
+    layer.quantize(mode, group)
+    expected = F.linear(x, dequantize(layer.quantized), layer.bias)
+    assert torch.allclose(layer(x), expected, rtol=1e-4, atol=1e-5)
+    error = (dequantize(layer.quantized) - weight).norm() / weight.norm()
+    assert error < {"int8": 0.01, "fp8": 0.05, "int4": 0.15}[mode]  # and it is a real approximation
+    assert error > 0
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+def test_the_engine_computes_the_dequantized_model(mode, group) -> None:
+    """Prompt logits of the quantized engine equal those of the same engine with every quantized
+    weight replaced by its float value (the kernels, through attention, paging and sampling)."""
+    engine = LLMEngine.from_config(MODEL, EngineConfig(num_blocks=64, quantization=mode, quant_group_size=group))
+    prompt = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]]
+    params = SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True)
+    quantized = engine.generate(prompt, params)[0].prompt_logits
+    for m in engine.model.modules():
+        if isinstance(m, Linear) and m.quantized is not None:
+            m.weight = torch.nn.Parameter(dequantize(m.quantized), requires_grad=False)
+            m.quantized = None
+    floats = engine.generate(prompt, params)[0].prompt_logits
+    assert torch.allclose(quantized, floats, rtol=1e-3, atol=1e-4)
+
+
+def test_weight_bytes_as_allocated() -> None:
+    full = LLMEngine.from_config(MODEL, EngineConfig(num_blocks=16)).model
+    embedding = MODEL["vocab_size"] * MODEL["hidden_size"] * 4
+    norms = sum(p.numel() * 4 for n, p in full.named_parameters() if "norm" in n)
+    linear_weights = sum(m.weight.numel() for m in full.modules() if isinstance(m, Linear))
+    rows = sum(m.out_features for m in full.modules() if isinstance(m, Linear))
+    assert full.weight_bytes() == embedding + norms + 4 * linear_weights
+    int8 = LLMEngine.from_config(MODEL, EngineConfig(num_blocks=16, quantization="int8")).model
+    assert int8.weight_bytes() == embedding + norms + linear_weights + 4 * rows  # a byte each, a scale per row
+    int4 = LLMEngine.from_config(MODEL, EngineConfig(num_blocks=16, quantization="int4", quant_group_size=32)).model
+    assert int4.weight_bytes() == embedding + norms + linear_weights // 2 + 2 * 4 * (linear_weights // 32)
+
+
+def test_bad_quantization_settings() -> None:
+    with pytest.raises(ValueError, match="not supported"):
+        EngineConfig(quantization="int3")
+    with pytest.raises(ValueError, match="group size must be one of"):
+        EngineConfig(quantization="int4", quant_group_size=48)
+    with pytest.raises(ValueError, match="multiple of it"):
+        LLMEngine.from_config(dict(MODEL, intermediate_size=224), EngineConfig(quantization="int4",
+                                                                               quant_group_size=128))
