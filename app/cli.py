@@ -152,12 +152,16 @@ def profile(
     tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice); "
                                                      "recorded in the profile's fingerprint"),
+    quant: str = typer.Option("", help="also time weight-only quantized linear layers: e.g. int8,int4,fp8"),
+    quant_group_size: int = typer.Option(128, help="int4 group size for --quant"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
 ) -> None:
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
+    from dataclasses import replace
+
     from calibrate.profile import Profiler, ProfileGrid
     from engine.engine import resolve_device
-    from engine.config import DTYPE_BYTES
+    from engine.config import DTYPE_BYTES, check_quantization
 
     try:
         config = _engine_model_config(model)
@@ -173,6 +177,10 @@ def profile(
 
             torch.set_num_threads(threads)
         grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens)
+        modes = tuple(m.strip() for m in quant.split(",") if m.strip())
+        for mode in modes:
+            check_quantization(mode, quant_group_size)
+        grid = replace(grid, weight_quant=modes, quant_group_size=quant_group_size)
         profiler = Profiler(config, device=device, dtype=dtype, grid=grid, tp=tp)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:

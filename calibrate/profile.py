@@ -73,6 +73,11 @@ class ProfileGrid:
     # Each group of points (one operator) is measured in this many interleaved passes and each
     # point keeps the median of its pass medians, so slow drifts of a shared machine average out.
     passes: int = 3
+    # Weight-only quantized linear layers also timed in these modes (int8, int4, fp8; int4 in groups
+    # of quant_group_size where the layer's input width allows), so the simulator reads their
+    # dequantization and kernel costs from measurements.
+    weight_quant: tuple[str, ...] = ()
+    quant_group_size: int = 128
 
     @classmethod
     def for_budget(cls, max_batched_tokens: int, max_context: int | None = None) -> "ProfileGrid":
@@ -184,6 +189,13 @@ class Profiler:
         for name, (n, k) in shapes.items():
             for m in g.tokens:
                 plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
+        for mode in g.weight_quant:
+            for name, (n, k) in shapes.items():
+                if mode == "int4" and k % g.quant_group_size:
+                    continue
+                for m in g.tokens:
+                    plan.append(("gemm_quant", dict(name=name, m=m, n=n, k=k, dtype=d, weight_dtype=mode,
+                                                    group_size=g.quant_group_size)))
         for heads in self._attention_shapes():
             for q in g.prefill_q:
                 for mult in g.prefill_kv_multiples:
@@ -311,11 +323,13 @@ class Profiler:
 
     def _callables(self, op: str, p: dict) -> Iterator[Callable[[], object]]:
         c = self.model
-        if op == "gemm":
+        if op in ("gemm", "gemm_quant"):
             layers = [Linear(p["k"], p["n"], bias=False).to(self.device, self.torch_dtype)
                       for _ in range(self._weight_copies(p["n"] * p["k"]))]
-            if self.device.type == "cpu":
-                for layer in layers:
+            for layer in layers:
+                if op == "gemm_quant":
+                    layer.quantize(p["weight_dtype"], p["group_size"])
+                elif self.device.type == "cpu":
                     layer.pack_for_cpu()
             x = self._tensor(p["m"], p["k"])
             turn = itertools.cycle(layers)

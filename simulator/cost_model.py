@@ -373,6 +373,10 @@ class CostModel:
         the same curve over fewer weight bytes, never a profile's point of other weights."""
         dtype = canonical_dtype(dtype)
         if weight_dtype is not None and weight_dtype != dtype:
+            series = self._series.get(("gemm_quant", n, k, dtype, weight_dtype))
+            if series is not None:  # measured with the engine's quantized kernels (gemm_quant)
+                t, provenance = series.at(m)
+                return Prediction(t, provenance, self.errors[provenance])
             flops, nbytes = gemm_work(m, n, k, dtype)
             nbytes -= k * n * (DTYPE_BYTES[dtype] - WEIGHT_BYTES[weight_dtype])
             prediction = self._model(curve_key("gemm", name), flops, nbytes, dtype)
@@ -675,6 +679,8 @@ def _series_key(m: Measurement) -> tuple[tuple | None, int]:
     p = dict(m.params)
     if m.op == "gemm":
         return ("gemm", p["n"], p["k"], canonical_dtype(p["dtype"])), p["m"]
+    if m.op == "gemm_quant":
+        return ("gemm_quant", p["n"], p["k"], canonical_dtype(p["dtype"]), p["weight_dtype"]), p["m"]
     if m.op in ("attention_prefill", "attention_decode"):
         first = p["q_len"] if m.op == "attention_prefill" else p["batch"]
         return (m.op, first, p["num_heads"], p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"])), p["kv_len"]

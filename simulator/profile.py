@@ -55,6 +55,8 @@ VERSION = 1
 
 OP_KEYS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "dtype"),
+    # A linear layer with weight-only quantized weights (engine/quantization.py) and dtype activations.
+    "gemm_quant": ("m", "n", "k", "dtype", "weight_dtype", "group_size"),
     "attention_prefill": ("q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "attention_decode": ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "kv_write": ("tokens", "num_kv_heads", "head_dim", "dtype"),
@@ -113,7 +115,7 @@ class Measurement:
         params = []
         for k in OP_KEYS[op]:
             value = raw.get(k, ZERO_KEYS.get(k))
-            if k not in ("dtype", "name"):
+            if k not in ("dtype", "name", "weight_dtype"):
                 smallest = 0 if k in ZERO_KEYS else 1e-300
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or value < smallest:
                     what = "a non-negative" if k in ZERO_KEYS else "a positive"

@@ -95,3 +95,25 @@ def test_attention_is_planned_at_other_head_dims_and_query_groups() -> None:
     assert layouts[0] == (4, 2, 16)  # the model's own first
     assert sorted(layouts) == sorted([(4, 2, 16), (2, 1, 32), (2, 2, 16), (8, 2, 16), (1, 1, 32), (4, 1, 32)])
     assert len(set(layouts)) == len(layouts)
+
+
+def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_path) -> None:
+    """gemm_quant points (the engine's int8 / int4 kernels) are what the cost model predicts for
+    weight-only quantized GEMMs of those shapes."""
+    from dataclasses import replace
+
+    from calibrate.profile import Profiler, ProfileGrid
+    from engine.config import ModelConfig
+    from simulator.cost_model import CostModel
+
+    config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=128))
+    grid = replace(ProfileGrid.quick(), weight_quant=("int8", "int4"), quant_group_size=32)
+    profile = Profiler(config, grid=grid).run(tmp_path / "q.jsonl")
+    points = {(m.get("weight_dtype"), m.get("n"), m.get("k"), m.get("m")): m.time_s for m in profile.of("gemm_quant")}
+    assert {w for w, *_ in points} == {"int8", "int4"}
+    model = CostModel.load("cpu-local", profile=str(tmp_path / "q.jsonl"))
+    (weight, n, k, m), measured = next(iter(points.items()))
+    prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
+    assert prediction.time_s == pytest.approx(measured) and prediction.provenance == "measured"
