@@ -285,8 +285,12 @@ class EngineConfig:
     # quant_group_size inputs) or fp8 storage; None keeps the model's dtype.
     quantization: str | None = None
     quant_group_size: int = 128
+    # KV cache stored as int8 or fp8 with a scale per token and KV head (engine/kv_cache.py); None: dtype.
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in (None, "int8", "fp8"):
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use int8, fp8 or None")
         if self.quantization is not None:
             check_quantization(self.quantization, self.quant_group_size)
         if self.speculative_method not in (None, "ngram", "draft"):
@@ -324,7 +328,11 @@ class EngineConfig:
         )
 
     def block_bytes(self, model: ModelConfig) -> int:
-        return self.block_size * model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
+        if self.kv_cache_dtype is None:
+            return self.block_size * model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
+        # A byte per value, plus one scale (in the model's dtype) per token, KV head and K or V.
+        per_token = 2 * model.num_layers * model.num_kv_heads * (model.head_dim + DTYPE_BYTES[self.dtype])
+        return self.block_size * per_token
 
     def cache_config(self, model: ModelConfig) -> CacheConfig:
         """Size the KV pool: an explicit block count, or as many blocks as a byte budget holds."""

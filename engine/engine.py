@@ -50,7 +50,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config, model_config.eos_token_ids)
 
         self.model = self._build_model(model_config, state_dict, random_seed)
-        self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype,
+                                  config.kv_cache_dtype)
         self.proposer: NgramProposer | DraftModelProposer | None = None
         if config.speculative_method == "ngram":
             self.proposer = NgramProposer(config.ngram_min, config.ngram_max)

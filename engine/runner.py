@@ -30,13 +30,13 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, model_config: ModelConfig, cache_config: CacheConfig,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str | None = None) -> None:
         self.model = model
         self.config = model_config
         self.device = device
         self.dtype = dtype
         self.block_size = cache_config.block_size
-        self.cache = KVCache(model_config, cache_config, dtype, device)
+        self.cache = KVCache(model_config, cache_config, dtype, device, kv_cache_dtype)
         self.windows = set(model_config.sliding_windows)
 
     @torch.inference_mode()

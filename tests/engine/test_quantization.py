@@ -67,3 +67,25 @@ def test_bad_quantization_settings() -> None:
     with pytest.raises(ValueError, match="multiple of it"):
         LLMEngine.from_config(dict(MODEL, intermediate_size=224), EngineConfig(quantization="int4",
                                                                                quant_group_size=128))
+
+
+@pytest.mark.parametrize("kv_dtype, tolerance", [("int8", 0.02), ("fp8", 0.08)])
+def test_a_quantized_kv_cache_stays_close_and_takes_a_quarter_of_the_bytes(kv_dtype, tolerance) -> None:
+    """Decode reads every earlier token's K/V from the cache: logits of a long continuation stay
+    close to the float cache's, and the pool holds a byte per value plus a scale per token and head."""
+    prompt = [[(7 * i) % 250 + 1 for i in range(40)]]
+    params = SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True)
+    config = dict(num_blocks=64, max_num_batched_tokens=8)  # chunked prefill: later chunks read the cache
+    reference = LLMEngine.from_config(MODEL, EngineConfig(**config))
+    quantized = LLMEngine.from_config(MODEL, EngineConfig(kv_cache_dtype=kv_dtype, **config))
+    a = reference.generate(prompt, params)[0].prompt_logits
+    b = quantized.generate(prompt, params)[0].prompt_logits
+    assert 0 < (a - b).norm() / a.norm() < tolerance
+    head_dim = MODEL["hidden_size"] // MODEL["num_attention_heads"]
+    ratio = quantized.runner.cache.nbytes / reference.runner.cache.nbytes
+    assert ratio == pytest.approx((head_dim + 4) / (4 * head_dim))
+
+
+def test_bad_kv_cache_dtype() -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="int4")
