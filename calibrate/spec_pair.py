@@ -99,9 +99,6 @@ def train_pair(out: Path, spec: PairSpec = PairSpec(), corpus: Path | None = Non
                on_progress: Callable[[str, float, float], None] | None = None) -> dict:
     """Train target and draft, save them under out/target and out/draft (safetensors), and
     return what was done (also written to out/pair.json)."""
-    import torch
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     files = corpus_files(corpus)
     train, heldout = split_corpus(files, spec.heldout_every)
     info = {"spec": asdict(spec), "corpus_files": len(files), "train_bytes": len(train),

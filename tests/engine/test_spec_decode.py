@@ -3,7 +3,6 @@ lookahead slots and rollback in the scheduler, the n-gram proposer."""
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
