@@ -52,19 +52,28 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, 
 
 @dataclass
 class SpecStats:
-    """Acceptance per draft position over an engine's verification steps."""
+    """Acceptance per draft position over an engine's verification steps.
+
+    acceptance_by_position[i]: of the verifications that proposed an (i + 1)-th draft, the share
+    that accepted it (so the first i + 1 drafts). acceptance_by_slot[i]: the same over every
+    verification that had an (i + 1)-th draft slot, proposed or not -- what a simulator that fills
+    every slot should draw from (an n-gram lookup that finds nothing proposes no draft).
+    """
 
     proposed: list[int] = field(default_factory=list)  # drafts proposed at position i (0-based)
     accepted: list[int] = field(default_factory=list)  # ... and accepted there
+    slots: list[int] = field(default_factory=list)  # verifications with a slot at position i
     verifications: int = 0  # request-steps verified with at least one draft
     accepted_tokens: int = 0
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
+    def record(self, num_drafts: int, num_accepted: int, num_slots: int | None = None) -> None:
+        num_slots = num_drafts if num_slots is None else max(num_slots, num_drafts)
+        for counts in (self.proposed, self.accepted, self.slots):
+            counts.extend([0] * (num_slots - len(counts)))
+        for i in range(num_slots):
+            self.slots[i] += 1
         if num_drafts == 0:
             return
-        while len(self.proposed) < num_drafts:
-            self.proposed.append(0)
-            self.accepted.append(0)
         for i in range(num_drafts):
             self.proposed[i] += 1
             self.accepted[i] += i < num_accepted
@@ -76,10 +85,15 @@ class SpecStats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
 
     @property
+    def acceptance_by_slot(self) -> list[float]:
+        return [a / n if n else 0.0 for a, n in zip(self.accepted, self.slots)]
+
+    @property
     def mean_accepted_per_verification(self) -> float:
         return self.accepted_tokens / self.verifications if self.verifications else 0.0
 
     def to_dict(self) -> dict:
         return {"acceptance_by_position": self.acceptance_by_position, "proposed_by_position": list(self.proposed),
+                "acceptance_by_slot": self.acceptance_by_slot, "slots_by_position": list(self.slots),
                 "verifications": self.verifications,
                 "mean_accepted_per_verification": self.mean_accepted_per_verification}

@@ -32,7 +32,8 @@ def acceptance_profile(rate: float | None = None, path: str | None = None, gamma
     if path is not None:
         try:
             raw = json.loads(Path(path).read_text())
-            measured = [float(x) for x in raw["acceptance_by_position"]]
+            # Per slot where measured (the simulator fills every slot), else per proposed draft.
+            measured = [float(x) for x in raw.get("acceptance_by_slot") or raw["acceptance_by_position"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"acceptance file {path}: {exc}; give the acceptance.json written by "
                              "`servecast train-pair` or `servecast acceptance --json`") from None

@@ -223,10 +223,11 @@ def test_ngram_proposer_continues_the_latest_match_of_the_longest_suffix() -> No
 
 def test_spec_stats_per_position() -> None:
     stats = SpecStats()
-    stats.record(3, 1)
-    stats.record(2, 2)
-    stats.record(0, 0)
+    stats.record(3, 1, 3)
+    stats.record(2, 2, 3)
+    stats.record(0, 0, 3)  # slots given, nothing proposed (an n-gram lookup that found nothing)
     assert stats.acceptance_by_position == [1.0, 0.5, 0.0]
+    assert stats.acceptance_by_slot == pytest.approx([2 / 3, 1 / 3, 0.0])
     assert stats.mean_accepted_per_verification == 1.5
 
 

@@ -60,6 +60,9 @@ def test_acceptance_profiles(tmp_path) -> None:
     profile = acceptance_profile(path=str(measured), gamma=5)
     assert profile[:3] == [0.8, 0.6, 0.6]  # never increasing: a later draft needs the earlier ones
     assert profile[3] == pytest.approx(0.6) and all(x >= y for x, y in zip(profile, profile[1:]))
+    per_slot = tmp_path / "slots.json"
+    per_slot.write_text(json.dumps({"acceptance_by_position": [0.9, 0.8], "acceptance_by_slot": [0.5, 0.4]}))
+    assert acceptance_profile(path=str(per_slot), gamma=2) == [0.5, 0.4]  # every slot is filled in simulation
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="acceptance file"):
