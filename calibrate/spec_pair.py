@@ -118,6 +118,7 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
     """Acceptance per draft position of the pair's draft on held-out text (engine/spec_decode.py
     statistics), with the prompts taken at evenly spaced places of the held-out files."""
     from engine import EngineConfig, LLMEngine
+    from engine.config import ModelConfig
     from engine.sampling_params import SamplingParams
     from engine.weights import read_safetensors_dir
 
@@ -127,8 +128,6 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
     config = EngineConfig(speculative_method="draft", num_speculative_tokens=num_speculative_tokens,
                           draft_model=str(pair / "draft" / "config.json"), max_model_len=prompt_bytes + output_bytes + 8,
                           num_blocks=1024, seed=seed)
-    from engine.config import ModelConfig
-
     engine = LLMEngine(ModelConfig.from_hf(pair / "target"), config, read_safetensors_dir(pair / "target"),
                        draft_state_dict=read_safetensors_dir(pair / "draft"))
     params = [SamplingParams(max_tokens=output_bytes, temperature=temperature, ignore_eos=True, seed=seed + i)

@@ -68,10 +68,11 @@ class DraftModelProposer:
             # Begin where the draft's valid KV ends, never past where the target begins (a
             # preemption restarts both).
             begin = min(self._frontier.get(c.request_id, c.start), c.start)
-            view = _DraftView(list(seq.token_ids), seq.block_table, _NO_LOGITS, seq.num_prompt_tokens)
-            views[c.request_id] = view
-            slots = c.start + c.num_tokens - known
+            slots = c.draft_slots(known)
             samples = slots > 0
+            # A proposing request's view grows by its drafts: a copy of its tokens; the others are read as they are.
+            views[c.request_id] = _DraftView(list(seq.token_ids) if samples else seq.token_ids, seq.block_table,
+                                             _NO_LOGITS, seq.num_prompt_tokens)
             catch_up.append(ScheduledChunk(c.request_id, begin, end - begin, False, samples))
             self._frontier[c.request_id] = end
             if samples:

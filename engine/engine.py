@@ -152,13 +152,14 @@ class LLMEngine:
         requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
         drafts, draft_probs = self._propose(out, requests) if self.proposer is not None else (None, None)
         result = self.runner.execute(out, requests, self._generators, drafts, draft_probs)
-        slots = {c.request_id: c.start + c.num_tokens - len(requests[c.request_id].token_ids) for c in out.chunks}
-        for request_id, accepted in result.accepted.items():
-            proposed = len(drafts.get(request_id, ())) if drafts else 0
-            seq = requests[request_id]
-            seq.num_draft_tokens += proposed
-            seq.num_accepted_drafts += len(accepted)
-            self.spec_stats.record(proposed, len(accepted), slots[request_id])
+        if result.accepted:
+            slots = {c.request_id: c.draft_slots(len(requests[c.request_id].token_ids)) for c in out.chunks}
+            for request_id, accepted in result.accepted.items():
+                proposed = len(drafts.get(request_id, ())) if drafts else 0
+                seq = requests[request_id]
+                seq.num_draft_tokens += proposed
+                seq.num_accepted_drafts += len(accepted)
+                self.spec_stats.record(proposed, len(accepted), slots[request_id])
         for request_id, (first_pos, logits) in result.prompt_logits.items():
             collected = self._prompt_logits[request_id]
             have = sum(t.shape[0] for t in collected)
@@ -181,7 +182,7 @@ class LLMEngine:
         drafts = {}
         for c in out.chunks:
             seq = requests[c.request_id]
-            slots = c.start + c.num_tokens - len(seq.token_ids)
+            slots = c.draft_slots(len(seq.token_ids))
             if slots > 0:
                 drafts[c.request_id] = self.proposer.propose(seq.token_ids, slots)
         return drafts, {}

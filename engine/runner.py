@@ -46,7 +46,8 @@ class ModelRunner:
                 draft_probs: Mapping[str, torch.Tensor] | None = None) -> StepResult:
         """drafts: request id -> draft tokens for the chunks scheduled with lookahead slots;
         draft_probs: the distributions sampled drafts were drawn from (none: point masses)."""
-        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device, drafts or {})
+        drafts, draft_probs = drafts or {}, draft_probs or {}
+        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device, drafts)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         result = StepResult()
         if inputs.sample_rows:
@@ -59,9 +60,9 @@ class ModelRunner:
             all_logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
             offset = 0
             for request_id, _, n in inputs.verify_ranges:
-                accepted, token = verify(all_logits[offset:offset + n], (drafts or {}).get(request_id, []),
+                accepted, token = verify(all_logits[offset:offset + n], drafts.get(request_id, []),
                                          requests[request_id].sampling, generators.get(request_id),
-                                         (draft_probs or {}).get(request_id))
+                                         draft_probs.get(request_id))
                 offset += n
                 result.sampled[request_id] = token
                 result.accepted[request_id] = accepted
@@ -109,25 +110,21 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
     for chunk in out.chunks:
         seq = requests[chunk.request_id]
         begin = len(input_ids)
-        end_pos = chunk.start + chunk.num_tokens
-        if end_pos > len(seq.token_ids):  # verification: the last known token, then the drafts
-            proposed = (drafts or {}).get(chunk.request_id, [])[:end_pos - len(seq.token_ids)]
-            tokens = seq.token_ids[chunk.start:] + proposed
-            n = len(tokens)
-            input_ids.extend(tokens)
-            positions.extend(range(chunk.start, chunk.start + n))
-            slots.extend(slots_for(seq.block_table, chunk.start, chunk.start + n, block_size))
-            if n > 1:
-                verifying.add(len(chunks))
-            chunks.append((chunk.start, n, seq.block_table))
+        draft_slots = chunk.draft_slots(len(seq.token_ids))
+        tokens = seq.token_ids[chunk.start:chunk.start + chunk.num_tokens]
+        if draft_slots:  # verification: the last known token, then the drafts proposed (up to the slots)
+            tokens = tokens + (drafts or {}).get(chunk.request_id, [])[:draft_slots]
+        n = len(tokens)
+        input_ids.extend(tokens)
+        positions.extend(range(chunk.start, chunk.start + n))
+        slots.extend(slots_for(seq.block_table, chunk.start, chunk.start + n, block_size))
+        if n > 1 and (draft_slots or (batch_short and chunk.start > 0 and n <= SHORT_CHUNK)):
+            verifying.add(len(chunks))
+        chunks.append((chunk.start, n, seq.block_table))
+        if draft_slots:
             verify_ranges.append((chunk.request_id, begin, n))
             continue
-        input_ids.extend(seq.token_ids[chunk.start:end_pos])
-        positions.extend(range(chunk.start, end_pos))
-        slots.extend(slots_for(seq.block_table, chunk.start, end_pos, block_size))
-        if batch_short and chunk.start > 0 and 1 < chunk.num_tokens <= SHORT_CHUNK:
-            verifying.add(len(chunks))
-        chunks.append((chunk.start, chunk.num_tokens, seq.block_table))
+        end_pos = chunk.start + n
         if chunk.samples:
             sample_rows.append(begin + chunk.num_tokens - 1)
             sample_ids.append(chunk.request_id)

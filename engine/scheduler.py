@@ -39,6 +39,11 @@ class ScheduledChunk(NamedTuple):
     # True when the chunk reaches the request's last known token, so the step samples a token.
     samples: bool
 
+    def draft_slots(self, num_known_tokens: int) -> int:
+        """Lookahead slots past the request's num_known_tokens tokens (speculative decoding): the
+        draft tokens this chunk can verify; 0 for every other chunk."""
+        return max(0, self.start + self.num_tokens - num_known_tokens)
+
 
 @dataclass
 class SchedulerOutput:
@@ -233,7 +238,7 @@ class Scheduler:
             seq = lookup(request_id)
             if seq is None or seq.status is not running_status:
                 continue
-            if start + num_tokens > len(seq.token_ids):  # a verification step with lookahead slots
+            if start + num_tokens > len(seq.token_ids):  # draft_slots() > 0, inlined: a verification step
                 done = self._advance_speculative(seq, start, accepted.get(request_id, ()) if accepted else (),
                                                  sampled[request_id], now)
                 if done is not None:

@@ -528,9 +528,8 @@ class CostModel:
         rows, measured, has_prefill = [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
-            chunks, tokens, layers = len(o.chunks), sum(c.num_tokens for c in o.chunks), o.model.num_layers
-            prefills = sum(1 for c in o.chunks if c.num_tokens > 1)
-            groups = decode_group_count(o.chunks, o.block_size)
+            chunks, tokens, prefills, groups = host_features(o.chunks, o.block_size)
+            layers = o.model.num_layers
             features = [1.0, chunks, prefills, groups, tokens]
             rows.append([ops, *features, *(layers * x for x in features)])
             measured.append(o.forward_s)
@@ -585,10 +584,9 @@ class CostModel:
         if include_host:
             operators_s = cost.total_s
             cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
-            cost.add("framework", self.predict_framework(
-                len(chunks), sum(c.num_tokens for c in chunks), model.num_layers, operators_s,
-                sum(1 for c in chunks if c.num_tokens > 1 and not c.verify),
-                decode_group_count(chunks, block_size) + (1 if verifying else 0)))
+            num_chunks, tokens, prefills, groups = host_features(chunks, block_size)
+            cost.add("framework", self.predict_framework(num_chunks, tokens, model.num_layers, operators_s, prefills,
+                                                         groups))
         return cost
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.
@@ -664,6 +662,15 @@ def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int
             + f["step_per_group_s"] * decode_groups + f["step_per_token_s"] * tokens
             + layers * (f["layer_s"] + f["layer_per_chunk_s"] * num_chunks + f["layer_per_prefill_s"] * prefill_chunks
                         + f["layer_per_group_s"] * decode_groups + f["layer_per_token_s"] * tokens))
+
+
+def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int, int, int, int]:
+    """What the framework terms scale with: (chunks, tokens, prefill chunks, attention groups) --
+    verification chunks are attended in one batch like decodes, so they add a group, not prefills."""
+    prefills = sum(1 for c in chunks if c.num_tokens > 1 and not c.verify)
+    verifying = any(c.num_tokens > 1 and c.verify for c in chunks)
+    return (len(chunks), sum(c.num_tokens for c in chunks), prefills,
+            decode_group_count(chunks, block_size) + (1 if verifying else 0))
 
 
 def decode_group_count(chunks: Sequence[Chunk], block_size: int | None) -> int:

@@ -171,8 +171,7 @@ class Replica:
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
                accepted: dict | None = None) -> int:
-        finished = engine.scheduler.update(out, self._sampled, now, accepted) if accepted else \
-            engine.scheduler.update(out, self._sampled, now)
+        finished = engine.scheduler.update(out, self._sampled, now, accepted)
         self.output_tokens += sampled
         for f in finished:
             self._retire(engine, f.request_id)

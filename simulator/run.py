@@ -72,9 +72,9 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     recorder = Recorder()
     span = max(workload.duration_s, 1e-3)
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
-    speculations = [make_speculation(config, model, cost_model, weight_dtype, i) for i in range(config.replicas)]
-    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes, speculations[i])
-                for i in range(config.replicas)]
+    speculation = make_speculation(config, model, cost_model, weight_dtype)
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes,
+                        speculation(i) if speculation else None) for i in range(config.replicas)]
     router = Router(config.router, replicas)
     total = len(workload)
     if progress is not None:
@@ -103,9 +103,10 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     return SimResult(config, summary, requests, timeseries, plan)
 
 
-def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dtype: str | None,
-                     replica: int) -> Speculation | None:
-    """A replica's speculative-decoding model (None when off): acceptance draws seeded per replica."""
+def make_speculation(config: SimConfig, model, cost_model: CostModel,
+                     weight_dtype: str | None) -> Callable[[int], Speculation] | None:
+    """replica index -> that replica's speculative-decoding model (None when off). The acceptance
+    profile and the draft's timer are built once and shared; acceptance draws are seeded per replica."""
     if config.speculative is None:
         return None
     cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
@@ -118,7 +119,7 @@ def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dty
             config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
         draft_timer = StepTimer(draft_costs, draft, config.tp, 1, config.compute_dtype, weight_dtype,
                                 config.cache_dtype, config.block_size)
-    return Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer)
+    return lambda replica: Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer)
 
 
 def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, timer: StepTimer,
@@ -182,12 +183,11 @@ def _speculation_summary(config: SimConfig, replicas: list[Replica]) -> dict | N
     specs = [r.speculation for r in replicas if r.speculation is not None]
     if not specs:
         return None
-    parts = [s.summary() for s in specs]
-    verifications = sum(p["verifications"] for p in parts)
-    proposed = sum(p["drafts_proposed"] for p in parts)
-    accepted = sum(p["drafts_accepted"] for p in parts)
+    verifications = sum(s.verifications for s in specs)
+    proposed = sum(s.proposed for s in specs)
+    accepted = sum(s.accepted_tokens for s in specs)
     return {"method": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
-            "cumulative_acceptance": parts[0]["cumulative_acceptance"], "verifications": verifications,
+            "cumulative_acceptance": specs[0].cumulative, "verifications": verifications,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "mean_accepted_per_verification": accepted / verifications if verifications else 0.0,
-            "draft_time_s": sum(p["draft_time_s"] for p in parts)}
+            "draft_time_s": sum(s.draft_s for s in specs)}

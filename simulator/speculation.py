@@ -68,8 +68,7 @@ class Speculation:
         """Accepted drafts (stand-in tokens) for every verification chunk of the step."""
         result = {}
         for c in out.chunks:
-            seq = requests[c.request_id]
-            slots = c.start + c.num_tokens - len(seq.token_ids)
+            slots = c.draft_slots(len(requests[c.request_id].token_ids))
             if slots <= 0:
                 continue
             u = self._rng.random()
@@ -90,7 +89,7 @@ class Speculation:
         extra: list[tuple[int, int]] = []  # (position of the first draft, further drafts)
         for c in out.chunks:
             known = len(requests[c.request_id].token_ids)
-            slots = c.start + c.num_tokens - known
+            slots = c.draft_slots(known)
             if slots > 0:
                 first.append(ScheduledChunk(c.request_id, c.start, 1, False, True))
                 extra.append((known, slots - 1))
@@ -102,11 +101,3 @@ class Speculation:
             total += self.draft_timer.step(chunks)
         self.draft_s += total
         return total
-
-    def summary(self) -> dict:
-        return {"verifications": self.verifications, "drafts_proposed": self.proposed,
-                "drafts_accepted": self.accepted_tokens,
-                "acceptance_rate": self.accepted_tokens / self.proposed if self.proposed else 0.0,
-                "mean_accepted_per_verification": self.accepted_tokens / self.verifications
-                if self.verifications else 0.0,
-                "draft_time_s": self.draft_s, "cumulative_acceptance": self.cumulative}

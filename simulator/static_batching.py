@@ -102,7 +102,9 @@ class StaticBatchScheduler:
         self._padded_prompt = longest_prompt
         self._step_in_batch = 0
 
-    def update(self, out: SchedulerOutput, sampled: Mapping[int, int], now: float) -> list[FinishedRequest]:
+    def update(self, out: SchedulerOutput, sampled: Mapping[int, int], now: float,
+               accepted: Mapping | None = None) -> list[FinishedRequest]:
+        # accepted: Scheduler.update's signature; static batches never verify drafts (SimConfig refuses it).
         finished: list[FinishedRequest] = []
         for chunk in out.chunks:
             if chunk.request_id is PADDING:
