@@ -122,6 +122,9 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
     from engine.sampling_params import SamplingParams
     from engine.weights import read_safetensors_dir
 
+    if num_prompts < 1 or prompt_bytes < 1 or output_bytes < 1:
+        raise ValueError(f"prompts, prompt bytes and output bytes must be at least 1, got {num_prompts}, "
+                         f"{prompt_bytes}, {output_bytes}")
     heldout = (pair / "heldout.bin").read_bytes()
     step = max(1, (len(heldout) - prompt_bytes) // num_prompts)
     prompts = [list(heldout[i * step:i * step + prompt_bytes]) for i in range(num_prompts)]

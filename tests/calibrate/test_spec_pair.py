@@ -48,3 +48,9 @@ def test_train_pair_saves_a_pair_and_measures_acceptance(tmp_path) -> None:
 def test_acceptance_without_a_pair_fails_cleanly(tmp_path) -> None:
     result = runner.invoke(app, ["acceptance", "--pair", str(tmp_path / "none")])
     assert result.exit_code == 2 and "train-pair" in result.output and "Traceback" not in result.output
+
+
+def test_acceptance_with_no_prompts_fails_cleanly(tmp_path) -> None:
+    (tmp_path / "pair.json").write_text("{}")
+    result = runner.invoke(app, ["acceptance", "--pair", str(tmp_path), "--num-prompts", "0"])
+    assert result.exit_code == 2 and "at least 1" in result.output and "Traceback" not in result.output
