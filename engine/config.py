@@ -287,8 +287,13 @@ class EngineConfig:
     quant_group_size: int = 128
     # KV cache stored as int8 or fp8 with a scale per token and KV head (engine/kv_cache.py); None: dtype.
     kv_cache_dtype: str | None = None
+    # Tensor parallelism (engine/tp_workers.py): the model's heads, MLP and vocabulary split over
+    # this many ranks, one process each (gloo on CPU, NCCL over consecutive GPUs on CUDA).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
         if self.kv_cache_dtype not in (None, "int8", "fp8"):
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use int8, fp8 or None")
         if self.quantization is not None:

@@ -22,7 +22,7 @@ import torch
 from engine.config import CacheConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
-from engine.runner import prepare_step
+from engine.runner import plan_step
 from engine.sampler import probabilities
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -31,7 +31,7 @@ from engine.sequence import Sequence
 
 @dataclass
 class _DraftView:
-    """What prepare_step reads of a request, for the draft's forward passes."""
+    """What plan_step reads of a request, for the draft's forward passes."""
 
     token_ids: list[int]
     block_table: list[int]
@@ -39,7 +39,7 @@ class _DraftView:
     num_prompt_tokens: int
 
 
-_NO_LOGITS = SamplingParams(max_tokens=1)  # prepare_step asks for prompt logits only when told to
+_NO_LOGITS = SamplingParams(max_tokens=1)  # plan_step asks for prompt logits only when told to
 
 
 class DraftModelProposer:
@@ -101,12 +101,13 @@ class DraftModelProposer:
 
     def _forward(self, step: SchedulerOutput, views: dict[str, _DraftView]) -> list[tuple[str, torch.Tensor]]:
         # A fully accepted run leaves the draft two tokens to catch up on: short chunks attend together.
-        inputs = prepare_step(step, views, self.block_size, self.windows, self.device, batch_short=True)
+        plan = plan_step(step, views, self.block_size, batch_short=True)
+        inputs = plan.tensors(self.block_size, self.windows, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
-        if not inputs.sample_rows:
+        if not plan.sample_rows:
             return []
-        logits = self.model.compute_logits(hidden[torch.tensor(inputs.sample_rows, device=self.device)]).float()
-        return list(zip(inputs.sample_ids, logits))
+        logits = self.model.compute_logits(hidden[torch.tensor(plan.sample_rows, device=self.device)])
+        return list(zip(plan.sample_ids, logits))
 
     @staticmethod
     def _draw(logits: torch.Tensor, params: SamplingParams,

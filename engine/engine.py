@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+import weakref
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from engine.ngram_proposer import NgramProposer
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.spec_decode import SpecStats
+from engine.tp_shard import shard_config
+from engine.tp_workers import TPWorkers, start_tensor_parallel
 from engine.weights import load_hf_weights, read_safetensors_dir
 
 
@@ -45,12 +48,25 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
+        if config.quantization == "int4" and self.device.type == "cuda":
+            raise ValueError("int4 weights use torch's CPU int4 kernel, which CUDA lacks here: "
+                             "on CUDA use quantization='int8' or 'fp8'")
         self.scheduler_config = config.scheduler_config(model_config)
-        self.cache_config = config.cache_config(model_config)
+        world = config.tensor_parallel_size
+        # Every rank holds the KV of its heads for the same blocks: the pool is sized on one shard.
+        shard = shard_config(model_config, world)
+        self.cache_config = config.cache_config(shard)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config, model_config.eos_token_ids)
 
-        self.model = self._build_model(model_config, state_dict, random_seed)
-        self.runner = ModelRunner(self.model, model_config, self.cache_config, self.device, self.dtype,
+        self.tp_workers: TPWorkers | None = None
+        if world == 1:
+            self.model = self._build_model(model_config, state_dict, random_seed)
+        else:
+            self.model, self.tp_workers = start_tensor_parallel(
+                model_config, config, self.cache_config, self.scheduler_config.max_model_len, self.device,
+                state_dict, random_seed)
+            self._finalizer = weakref.finalize(self, self.tp_workers.close)
+        self.runner = ModelRunner(self.model, shard, self.cache_config, self.device, self.dtype,
                                   config.kv_cache_dtype)
         self.proposer: NgramProposer | DraftModelProposer | None = None
         if config.speculative_method == "ngram":
@@ -81,14 +97,13 @@ class LLMEngine:
             model.init_random(seed)
         else:
             load_hf_weights(model, state_dict)
-        model = model.to(device=self.device, dtype=self.dtype).eval()
-        # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
-        model.rotary.to(device=self.device, dtype=torch.float32)
-        if self.config.quantization is not None:
-            model.quantize_linears(self.config.quantization, self.config.quant_group_size)
-        if self.config.pack_cpu_weights and self.device.type == "cpu":
-            model.pack_linears_for_cpu()
-        return model
+        return model.prepare(self.device, self.dtype, self.config.quantization, self.config.quant_group_size,
+                             self.config.pack_cpu_weights)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks' processes (also done when the engine is collected)."""
+        if self.tp_workers is not None:
+            self._finalizer()
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -151,7 +166,8 @@ class LLMEngine:
             return []
         requests = {c.request_id: self.scheduler.requests[c.request_id] for c in out.chunks}
         drafts, draft_probs = self._propose(out, requests) if self.proposer is not None else (None, None)
-        result = self.runner.execute(out, requests, self._generators, drafts, draft_probs)
+        result = self.runner.execute(out, requests, self._generators, drafts, draft_probs,
+                                     self.tp_workers.send if self.tp_workers is not None else None)
         if result.accepted:
             slots = {c.request_id: c.draft_slots(len(requests[c.request_id].token_ids)) for c in out.chunks}
             for request_id, accepted in result.accepted.items():

@@ -1,10 +1,14 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over packed tokens and a paged KV cache.
 
 Projections are fused (q|k|v and gate|up) so a step runs one GEMM where transformers runs three
-or two; weights.py maps transformers' names onto them.
+or two; weights.py maps transformers' names onto them. Under tensor parallelism the model is one
+rank's shard (engine/tp_shard.py: its config has the rank's heads, MLP and vocabulary slice) and
+sums or gathers partial results over its TPGroup.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +19,9 @@ from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.rope import RotaryEmbedding, apply_rotary
+
+if TYPE_CHECKING:
+    from engine.tp_group import TPGroup
 
 
 class RMSNorm(nn.Module):
@@ -31,9 +38,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, group: TPGroup | None = None) -> None:
         super().__init__()
         self.layer = layer
+        self.group = group
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.window = config.sliding_windows[layer]
@@ -53,28 +61,31 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)
         out = paged_attention(q, k, v, cache, self.layer, meta, self.window, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = self.o_proj(out.reshape(-1, self.q_size))
+        return out if self.group is None else self.group.all_reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, group: TPGroup | None = None) -> None:
         super().__init__()
+        self.group = group
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(F.silu(gate) * up)
+        return out if self.group is None else self.group.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, group: TPGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, group)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
@@ -83,11 +94,17 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+    def __init__(self, config: ModelConfig, max_positions: int, group: TPGroup | None = None,
+                 full_vocab_size: int | None = None) -> None:
+        """group: this rank's tensor-parallel group (config is then the rank's shard and
+        full_vocab_size the whole vocabulary, where the gathered logits are cut)."""
         super().__init__()
         self.config = config
+        self.group = group
+        self.full_vocab_size = full_vocab_size or config.vocab_size
+        self.vocab_start = 0 if group is None else group.rank * config.vocab_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, group) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -97,14 +114,39 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 cache: KVCache) -> torch.Tensor:
         """Hidden states [tokens, hidden] of a packed batch."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         rope = self.rotary(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, rope, meta, cache)
         return self.norm(x)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return self.embed_tokens(input_ids)
+        # Vocabulary-parallel: each rank embeds the tokens in its slice, zeros the rest, and the
+        # sum over ranks is every token's row.
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.config.vocab_size)
+        x = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(-1).to(self.embed_tokens.weight.dtype)
+        return self.group.all_reduce(x)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        if self.group is None:
+            return logits
+        return self.group.all_gather_last(logits)[..., :self.full_vocab_size]
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None,
+                quant_group_size: int = 128, pack_cpu_weights: bool = True) -> DecoderModel:
+        """Ready loaded weights for serving: device and dtype, quantization, CPU packing."""
+        model = self.to(device=device, dtype=dtype).eval()
+        # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
+        model.rotary.to(device=device, dtype=torch.float32)
+        if quantization is not None:
+            model.quantize_linears(quantization, quant_group_size)
+        if pack_cpu_weights and device.type == "cpu":
+            model.pack_linears_for_cpu()
+        return model
 
     def quantize_linears(self, mode: str, group_size: int = 128) -> int:
         """Weight-only quantization of every linear layer (a tied LM head stays in float: its weight

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -43,44 +43,84 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Sequence],
                 generators: Mapping[str, torch.Generator | None],
                 drafts: Mapping[str, list[int]] | None = None,
-                draft_probs: Mapping[str, torch.Tensor] | None = None) -> StepResult:
+                draft_probs: Mapping[str, torch.Tensor] | None = None,
+                on_plan: Callable[[StepPlan], None] | None = None) -> StepResult:
         """drafts: request id -> draft tokens for the chunks scheduled with lookahead slots;
-        draft_probs: the distributions sampled drafts were drawn from (none: point masses)."""
+        draft_probs: the distributions sampled drafts were drawn from (none: point masses);
+        on_plan: called with the step's plan before the forward (tensor parallelism hands it to
+        the other ranks there)."""
         drafts, draft_probs = drafts or {}, draft_probs or {}
-        inputs = prepare_step(out, requests, self.block_size, self.windows, self.device, drafts)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
+        plan = plan_step(out, requests, self.block_size, drafts)
+        if on_plan is not None:
+            on_plan(plan)
+        logits = self.forward_logits(plan)
         result = StepResult()
-        if inputs.sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(inputs.sample_rows, device=self.device)])
-            params = [requests[r].sampling for r in inputs.sample_ids]
-            tokens = sample(logits, params, [generators.get(r) for r in inputs.sample_ids])
-            result.sampled = dict(zip(inputs.sample_ids, tokens))
-        if inputs.verify_ranges:  # every verified row's logits in one LM-head GEMM, then per request
-            rows = [r for _, begin, n in inputs.verify_ranges for r in range(begin, begin + n)]
-            all_logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
-            offset = 0
-            for request_id, _, n in inputs.verify_ranges:
-                accepted, token = verify(all_logits[offset:offset + n], drafts.get(request_id, []),
-                                         requests[request_id].sampling, generators.get(request_id),
-                                         draft_probs.get(request_id))
-                offset += n
-                result.sampled[request_id] = token
-                result.accepted[request_id] = accepted
-        for request_id, begin, n, first_pos in inputs.logit_ranges:
-            result.prompt_logits[request_id] = (first_pos, self.model.compute_logits(hidden[begin:begin + n]).cpu())
+        if plan.sample_rows:
+            params = [requests[r].sampling for r in plan.sample_ids]
+            tokens = sample(logits[:len(plan.sample_rows)], params, [generators.get(r) for r in plan.sample_ids])
+            result.sampled = dict(zip(plan.sample_ids, tokens))
+        offset = len(plan.sample_rows)
+        for request_id, _, n in plan.verify_ranges:
+            accepted, token = verify(logits[offset:offset + n], drafts.get(request_id, []),
+                                     requests[request_id].sampling, generators.get(request_id),
+                                     draft_probs.get(request_id))
+            offset += n
+            result.sampled[request_id] = token
+            result.accepted[request_id] = accepted
+        for request_id, _, n, first_pos in plan.logit_ranges:
+            result.prompt_logits[request_id] = (first_pos, logits[offset:offset + n].cpu().clone())
+            offset += n
         return result
+
+    @torch.inference_mode()
+    def forward_logits(self, plan: StepPlan) -> torch.Tensor | None:
+        """One forward over the plan's packed tokens; logits (float32, whole vocabulary) of its
+        plan.logit_rows(), in that order, in one LM-head GEMM (None when it needs none)."""
+        inputs = plan.tensors(self.block_size, self.windows, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
+        rows = plan.logit_rows()
+        if not rows:
+            return None
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
 
 
 @dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [tokens] packed over the step's chunks
-    positions: torch.Tensor  # [tokens]
-    meta: AttentionMetadata
+class StepPlan:
+    """A step as plain lists: what every tensor-parallel rank needs to run the same forward."""
+
+    input_ids: list[int]  # packed over the step's chunks
+    positions: list[int]
+    slots: list[int]
+    chunks: list[tuple[int, int, list[int]]]  # (start, tokens, block table) per chunk
+    verifying: set[int]  # chunks that attend as multi-token verification chunks
     sample_rows: list[int]  # packed rows whose logits are sampled ...
     sample_ids: list[str]  # ... for these requests
     logit_ranges: list[tuple[str, int, int, int]]  # request, first row, rows, first position (prompt logits)
     # Verification chunks (lookahead slots): request, first row, rows (its last token + its drafts).
     verify_ranges: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def logit_rows(self) -> list[int]:
+        """Rows whose logits the step needs: sampled rows, then verified rows, then prompt rows."""
+        rows = list(self.sample_rows)
+        for _, begin, n in self.verify_ranges:
+            rows.extend(range(begin, begin + n))
+        for _, begin, n, _ in self.logit_ranges:
+            rows.extend(range(begin, begin + n))
+        return rows
+
+    def tensors(self, block_size: int, windows: set[int | None], device: torch.device) -> StepInputs:
+        return StepInputs(torch.tensor(self.input_ids, dtype=torch.long, device=device),
+                          torch.tensor(self.positions, dtype=torch.long, device=device),
+                          build_metadata(self.slots, self.chunks, block_size, windows, device, self.verifying))
+
+
+@dataclass
+class StepInputs:
+    """A StepPlan as tensors on the device."""
+
+    input_ids: torch.Tensor  # [tokens] packed over the step's chunks
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMetadata
 
 
 def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -91,10 +131,9 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
 SHORT_CHUNK = 16  # batch_short: chunks of at most this many tokens over a cached context attend together
 
 
-def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
-                 windows: set[int | None], device: torch.device,
-                 drafts: Mapping[str, list[int]] | None = None, batch_short: bool = False) -> StepInputs:
-    """The host-side work of a step: pack the scheduled chunks into tensors and attention metadata.
+def plan_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
+              drafts: Mapping[str, list[int]] | None = None, batch_short: bool = False) -> StepPlan:
+    """Pack the scheduled chunks into token, position and KV-slot lists.
 
     A chunk that reaches past its request's last token (lookahead slots) carries that token and the
     request's drafts (as many as were proposed, up to the slots) and is verified on every row."""
@@ -131,7 +170,5 @@ def prepare_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_s
         if seq.sampling.return_prompt_logits and chunk.start < seq.num_prompt_tokens:
             n = min(end_pos, seq.num_prompt_tokens) - chunk.start
             logit_ranges.append((chunk.request_id, begin, n, chunk.start))
-    return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=device),
-                      torch.tensor(positions, dtype=torch.long, device=device),
-                      build_metadata(slots, chunks, block_size, windows, device, verifying),
-                      sample_rows, sample_ids, logit_ranges, verify_ranges)
+    return StepPlan(input_ids, positions, slots, chunks, verifying, sample_rows, sample_ids, logit_ranges,
+                    verify_ranges)
