@@ -73,10 +73,10 @@ def main() -> None:
     for which, name in (("target", f"profile-cpu-{args.threads}t.jsonl"),
                         ("draft", f"profile-draft-cpu-{args.threads}t.jsonl")):
         profiles[which] = args.pair / name
-        if not profiles[which].exists():
-            print(f"profiling the {which} on this CPU -> {profiles[which]}")
-            Profiler(ModelConfig.from_hf(args.pair / which),
-                     grid=ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)).run(profiles[which])
+        # A profile on hand is resumed: only points it lacks (a newer grid's) are measured.
+        print(f"profiling the {which} on this CPU -> {profiles[which]}")
+        Profiler(ModelConfig.from_hf(args.pair / which),
+                 grid=ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)).run(profiles[which])
     weights = {w: read_safetensors_dir(args.pair / w) for w in ("target", "draft")}
     heldout = (args.pair / "heldout.bin").read_bytes()
     step = (len(heldout) - PROMPT) // max(batches)

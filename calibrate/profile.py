@@ -61,6 +61,9 @@ class ProfileGrid:
     prefill_kv_multiples: tuple[int, ...] = (1, 2, 4)
     decode_batch: tuple[int, ...] = (1, 4, 16, 64)
     decode_kv: tuple[int, ...] = (64, 256, 1024)
+    # Speculative verification (engine/attention.py VerifyBatch): batches of chunks of this many
+    # queries (a request's last token and gamma = 1, 2, 4, 8 drafts), at decode_batch x decode_kv.
+    verify_q: tuple[int, ...] = (2, 3, 5, 9)
     block_size: int = 16
     min_repeats: int = 7
     min_seconds: float = 0.03
@@ -96,7 +99,7 @@ class ProfileGrid:
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
                    decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
-                   attention_groups=(), forward_layers=(1, 2), idle_ms=(5,))
+                   attention_groups=(), forward_layers=(1, 2), idle_ms=(5,), verify_q=(3,))
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
@@ -203,6 +206,12 @@ class Profiler:
             for batch in g.decode_batch:
                 for kv in g.decode_kv:
                     plan.append(("attention_decode", dict(batch=batch, kv_len=kv, **heads)))
+        own_heads = self._attention_shapes()[0]  # verification is timed at the model's own layout only
+        for q in g.verify_q:
+            for batch in g.decode_batch:
+                for kv in g.decode_kv:
+                    if kv > q:
+                        plan.append(("attention_verify", dict(batch=batch, q_len=q, kv_len=kv, **own_heads)))
         widths = {"rms_norm": c.hidden_size, "rope": c.q_size + c.kv_size, "swiglu": c.intermediate_size,
                   "add": c.hidden_size}
         for m in g.tokens:
@@ -334,7 +343,7 @@ class Profiler:
             x = self._tensor(p["m"], p["k"])
             turn = itertools.cycle(layers)
             yield lambda: next(turn)(x)
-        elif op in ("attention_prefill", "attention_decode"):
+        elif op in ("attention_prefill", "attention_decode", "attention_verify"):
             yield self._attention(op, p)
         elif op == "kv_write":
             cache, slots = self._cache_and_slots(p["tokens"])
@@ -368,6 +377,8 @@ class Profiler:
         c = replace(self.model, num_heads=p["num_heads"], num_kv_heads=p["num_kv_heads"], head_dim=p["head_dim"])
         if op == "attention_prefill":
             seqs = [(p["kv_len"] - p["q_len"], p["q_len"], p["kv_len"])]
+        elif op == "attention_verify":
+            seqs = [(p["kv_len"] - p["q_len"], p["q_len"], p["kv_len"])] * p["batch"]
         else:
             seqs = [(p["kv_len"] - 1, 1, p["kv_len"])] * p["batch"]
         total_blocks = sum(-(-kv // bs) for *_, kv in seqs)
@@ -378,7 +389,8 @@ class Profiler:
             next_block += len(table)
             chunks.append((start, n, table))
             slots += slots_for(table, start, start + n, bs)
-        meta = build_metadata(slots, chunks, bs, {None}, self.device)
+        verifying = set(range(len(chunks))) if op == "attention_verify" else set()
+        meta = build_metadata(slots, chunks, bs, {None}, self.device, verifying)
         tokens = len(slots)
         q = self._tensor(tokens, c.num_heads, c.head_dim)
         k = self._tensor(tokens, c.num_kv_heads, c.head_dim)

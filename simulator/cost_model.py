@@ -420,6 +420,58 @@ class CostModel:
         return Prediction(time_of(total_kv), provenance,
                           self.expected_error(provenance, curve_key("attention_decode", head_dim=head_dim)))
 
+    def predict_attention_verify(self, batch: int, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int,
+                                 head_dim: int, dtype: str) -> Prediction:
+        """`batch` verification chunks of q_len queries, each ending at context kv_len."""
+        prediction = self.predict_attention_verify_total(batch, q_len, batch * kv_len, num_heads, num_kv_heads,
+                                                         head_dim, dtype)
+        if prediction is None:  # read like a batch of decodes over the same keys
+            return self.predict_attention_decode_total(batch, batch * kv_len, num_heads, num_kv_heads, head_dim, dtype)
+        return prediction
+
+    def predict_attention_verify_total(self, batch: int, queries: int, total_kv: int, num_heads: int,
+                                       num_kv_heads: int, head_dim: int, dtype: str) -> Prediction | None:
+        time_of = self.verify_attention_timer(queries, num_heads, num_kv_heads, head_dim, dtype)
+        if time_of is None:
+            return None
+        series = self._series.get(("attention_verify", batch, queries, num_heads, num_kv_heads, head_dim,
+                                   canonical_dtype(dtype)))
+        provenance = series.at(max(1, round(total_kv / batch)))[1] if series is not None else "interpolated"
+        return Prediction(time_of(batch, total_kv), provenance, self.errors[provenance])
+
+    def verify_attention_timer(self, queries: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                               dtype: str) -> Callable[[int, int], float] | None:
+        """Seconds of one speculative-verification attention call (engine/attention.py VerifyBatch:
+        chunks of `queries` tokens, padded to the longest) as a function of (chunks, their total
+        context), from the profile's attention_verify points: the smallest measured query count
+        that holds `queries`, linear in the chunk count between measured counts (proportional past
+        the largest), each count read at the chunks' mean context. None where the profile has no
+        such points (the caller then reads verification like a batch of decodes)."""
+        dtype = canonical_dtype(dtype)
+        by_q: dict[int, dict[int, _Series]] = defaultdict(dict)
+        for key, series in self._series.items():
+            if key[0] == "attention_verify" and key[3:] == (num_heads, num_kv_heads, head_dim, dtype):
+                by_q[key[2]][key[1]] = series
+        if not by_q:
+            return None
+        fitting = [q for q in by_q if q >= queries]
+        per_batch = by_q[min(fitting) if fitting else max(by_q)]
+        batches = sorted(per_batch)
+
+        def time_of(batch: int, total_kv: int) -> float:
+            kv = max(1, round(total_kv / batch))
+            i = bisect.bisect_left(batches, batch)
+            if i < len(batches) and batches[i] == batch:
+                return per_batch[batch].at(kv)[0]
+            if i == len(batches):
+                return per_batch[batches[-1]].at(kv)[0] * batch / batches[-1]
+            if i == 0:
+                return per_batch[batches[0]].at(kv)[0]
+            b0, b1 = batches[i - 1], batches[i]
+            t0, t1 = per_batch[b0].at(kv)[0], per_batch[b1].at(kv)[0]
+            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        return time_of
+
     def attention_decode_timer(self, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: str) -> Callable[[int], float]:
         """Seconds of one decode-attention call over `batch` requests as a function of their total
@@ -550,7 +602,8 @@ class CostModel:
     def predict(self, op: str, **params) -> Prediction:
         """Any operator by its profile name and keys (as in simulator/profile.py)."""
         methods = {"gemm": self.predict_gemm, "attention_prefill": self.predict_attention_prefill,
-                   "attention_decode": self.predict_attention_decode, "elementwise": self.predict_elementwise,
+                   "attention_decode": self.predict_attention_decode,
+                   "attention_verify": self.predict_attention_verify, "elementwise": self.predict_elementwise,
                    "kv_write": self.predict_kv_write, "sample": self.predict_sample,
                    "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead,
                    "framework": self.predict_framework, "idle_wakeup": self.predict_idle_wakeup}
@@ -577,9 +630,10 @@ class CostModel:
         decodes = [c.context_len for c in chunks if c.num_tokens == 1]
         if decodes:
             self.add_decode_attention(cost, decodes, model, tp, dtype, block_size=block_size)
-        verifying = [c.context_len for c in chunks if c.num_tokens > 1 and c.verify]
-        if verifying:  # read like one batch of decodes: the step is bound by its KV reads
-            self.add_decode_attention_total(cost, len(verifying), sum(verifying), model, tp, dtype)
+        verifying = [c for c in chunks if c.num_tokens > 1 and c.verify]
+        if verifying:
+            self.add_verify_attention(cost, len(verifying), max(c.num_tokens for c in verifying),
+                                      sum(c.context_len for c in verifying), model, tp, dtype)
         self.add_head(cost, sum(1 for c in chunks if c.samples), model, tp, dtype)
         if include_host:
             operators_s = cost.total_s
@@ -647,6 +701,19 @@ class CostModel:
         cost.add("attention_decode", self.predict_attention_decode_total(
             batch, total_context, heads, kv_heads, model.head_dim, dtype), model.num_layers)
 
+    def add_verify_attention(self, cost: StepCost, batch: int, queries: int, total_context: int, model: ModelSpec,
+                             tp: int, dtype: str) -> None:
+        """Speculative verification chunks attended together: measured (attention_verify) where the
+        profile has it, otherwise read like one batch of decodes (bound by its KV reads)."""
+        heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        prediction = self.predict_attention_verify_total(batch, queries, total_context, heads, kv_heads,
+                                                         model.head_dim, dtype)
+        name = "attention_verify" if prediction is not None else "attention_decode"
+        if prediction is None:
+            prediction = self.predict_attention_decode_total(batch, total_context, heads, kv_heads, model.head_dim,
+                                                             dtype)
+        cost.add(name, prediction, model.num_layers)
+
     def add_head(self, cost: StepCost, sampled: int, model: ModelSpec, tp: int, dtype: str) -> None:
         """The LM head and sampling over the rows that sample a token."""
         if sampled:
@@ -703,4 +770,7 @@ def _series_key(m: Measurement) -> tuple[tuple | None, int]:
         return ("idle_wakeup",), p["idle_ms"]
     if m.op == "all_reduce":
         return ("all_reduce", p["world"]), p["nbytes"]
+    if m.op == "attention_verify":
+        return ("attention_verify", p["batch"], p["q_len"], p["num_heads"], p["num_kv_heads"], p["head_dim"],
+                canonical_dtype(p["dtype"])), p["kv_len"]
     return None, 0

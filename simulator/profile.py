@@ -15,6 +15,9 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
   gemm               m (tokens), n (output features), k (input features), dtype
   attention_prefill  q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype
   attention_decode   batch, kv_len (same for every sequence), num_heads, num_kv_heads, head_dim, dtype
+  attention_verify   batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, dtype: speculative
+                     verification, `batch` chunks of q_len queries (a last token and its drafts)
+                     each ending at context kv_len, attended together as the engine does
   kv_write           tokens, num_kv_heads, head_dim, dtype
   elementwise        name (rms_norm, rope, swiglu, add, ...), tokens, width (features the op
                      reads per token: hidden for norms and adds, q+k for rope, FFN for swiglu), dtype
@@ -59,6 +62,7 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "gemm_quant": ("m", "n", "k", "dtype", "weight_dtype", "group_size"),
     "attention_prefill": ("q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "attention_decode": ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
+    "attention_verify": ("batch", "q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "kv_write": ("tokens", "num_kv_heads", "head_dim", "dtype"),
     "elementwise": ("name", "tokens", "width", "dtype"),
     "sample": ("batch", "vocab"),

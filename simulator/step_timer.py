@@ -66,6 +66,7 @@ class StepTimer:
         self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
         self._decode_timers: dict = {}  # decodes -> CostModel.attention_decode_timer
         self._padded: dict[tuple[int, int], float] = {}  # (batch, padded context) of one padded group
+        self._verify: dict[tuple[int, int, int], float] = {}  # (chunks, queries, total context)
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
         m, tp = self.model, self.tp
@@ -111,6 +112,14 @@ class StepTimer:
             self.cost_model.add_prefill_attention(cost, num_tokens, context_len, self.model, self.tp, self.dtype)
             return cost.total_s
         return self._memo(self._prefill, (num_tokens, context_len), compute)
+
+    def verify_attention(self, batch: int, queries: int, total_context: int) -> float:
+        """Speculative verification chunks attended together, all layers (CostModel.add_verify_attention)."""
+        def compute() -> float:
+            cost = StepCost(0.0)
+            self.cost_model.add_verify_attention(cost, batch, queries, total_context, self.model, self.tp, self.dtype)
+            return cost.total_s
+        return self._memo(self._verify, (batch, queries, total_context), compute)
 
     def padded_decode_attention(self, context_lens: list[int]) -> tuple[float, int]:
         """The engine's padded decode batches (profiled engine devices: CostModel.pads_decodes):
@@ -228,7 +237,7 @@ class StepTimer:
         padded = self._pads
         contexts: list[int] = []
         steady = True  # every chunk a one-token decode (not a one-token prefill)
-        verify = verify_context = 0  # speculative verification chunks: attended in one batch
+        verify = verify_context = verify_queries = 0  # speculative verification chunks: attended in one batch
         for _, start, n, is_prefill, samples in chunks:
             tokens += n
             if is_prefill or n != 1:
@@ -243,6 +252,7 @@ class StepTimer:
             elif not is_prefill:  # the last token and its drafts (engine/attention.py VerifyBatch)
                 verify += 1
                 verify_context += start + n
+                verify_queries = max(verify_queries, n)
                 keys += n * start + n * (n + 1) // 2
                 prefill_context += start + n
             else:
@@ -261,8 +271,8 @@ class StepTimer:
             decode_s, groups = self.padded_decode_attention(contexts)
         else:
             decode_s = self.decode_attention(decodes, decode_context)
-        if verify:  # one padded batch, read like decodes (KV-bound); counted as one more group
-            decode_s += self.decode_attention(verify, verify_context)
+        if verify:  # one padded batch (engine/attention.py VerifyBatch), counted as one more group
+            decode_s += self.verify_attention(verify, verify_queries, verify_context)
             groups += 1
         return self._complete(tokens, sampled, decodes + verify, decode_context, prefill_tokens, prefill_s, keys,
                               prefill_context, len(chunks), decode_s, groups)

@@ -24,8 +24,8 @@ def tiny_profile(tmp_path_factory) -> tuple[Profile, str]:
 def test_profile_covers_every_operator_with_a_fingerprint(tiny_profile) -> None:
     profile, _ = tiny_profile
     ops = {m.op for m in profile.measurements}
-    assert ops == {"gemm", "attention_prefill", "attention_decode", "kv_write", "elementwise", "sample",
-                   "step_overhead", "forward", "idle_wakeup"}
+    assert ops == {"gemm", "attention_prefill", "attention_decode", "attention_verify", "kv_write", "elementwise",
+                   "sample", "step_overhead", "forward", "idle_wakeup"}
     assert {m.name for m in profile.of("gemm")} == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
     assert profile.hardware == "cpu-local" and profile.fingerprint["torch"] and profile.fingerprint["dtype"] == "fp32"
     assert profile.peaks["matmul_flops"] > 0 and profile.peaks["memory_bandwidth"] > 0
@@ -117,3 +117,20 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     (weight, n, k, m), measured = next(iter(points.items()))
     prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
     assert prediction.time_s == pytest.approx(measured) and prediction.provenance == "measured"
+
+
+def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) -> None:
+    profile, path = tiny_profile
+    model = CostModel.load("cpu-local", profile=path)
+    spec = ModelSpec.from_hf_dict(TINY, "tiny")
+    points = {(m.get("batch"), m.get("kv_len")): m.time_s for m in profile.of("attention_verify")}
+    assert {b for b, _ in points} == {1, 4} and all(m.get("q_len") == 3 for m in profile.of("attention_verify"))
+    # Four chunks of 3 tokens ending at context 128: exactly the measured point, every layer.
+    step = model.step_time([Chunk(3, 128, verify=True)] * 4, spec, dtype="fp32", include_host=False)
+    assert step.by_operator["attention_verify"] == pytest.approx(2 * points[(4, 128)])
+    # Two chunks: between the measured batches of one and four, linearly.
+    two = model.step_time([Chunk(3, 32, verify=True)] * 2, spec, dtype="fp32", include_host=False)
+    expected = points[(1, 32)] + (points[(4, 32)] - points[(1, 32)]) / 3
+    assert two.by_operator["attention_verify"] == pytest.approx(2 * expected)
+    # Plain decodes are untouched by it.
+    assert "attention_verify" not in model.step_time([Chunk(1, 128)] * 4, spec, dtype="fp32").by_operator
