@@ -7,14 +7,19 @@ measuring output tokens/s and the draft's acceptance per position; the simulator
 same run on this device's profiles (cpu-local; the target's and the draft's) from that measured
 acceptance. Speedups are relative to gamma = 0 at the same batch size, measured and predicted.
 
+Two predictions: from the operator profiles alone, and calibrated -- each model's framework terms
+fitted (CostModel.fit_framework) on its forwards as recorded in calibration runs at other batch
+sizes (--calibration-batches) on other prompts (calibrate/spec_steps.py), never on the runs checked.
+
     servecast train-pair            # once: trains and saves the pair (a few minutes)
-    python bench/spec_decode.py [--pair DIR] [--batches 1,4,16] [--gammas 1,2,4,8]
+    python bench/spec_decode.py [--pair DIR] [--batches 1,4,16] [--gammas 1,2,4,8] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -22,17 +27,25 @@ import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
 from calibrate.profile import Profiler, ProfileGrid
+from calibrate.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig
+from engine.spec_decode import request_acceptance
 from engine.weights import read_safetensors_dir
+from simulator.catalog.models import load_model
+from simulator.cost_model import CostModel
+from simulator.profile import Profile
 from simulator.run import simulate
 from simulator.sim_config import SimConfig
 from simulator.workload import make_workload
 
-PROMPT, OUTPUT, BLOCKS, BUDGET = 96, 64, 1024, 256
+PROMPT, OUTPUT, BLOCKS, BUDGET, BLOCK_SIZE = 96, 64, 1024, 256, 16
+SIM_SEEDS = 8
 
 
-def engine_run(pair: Path, weights: dict, prompts: list[list[int]], gamma: int) -> tuple[float, dict, int]:
+def engine_run(pair: Path, weights: dict, prompts: list[list[int]], gamma: int,
+               log: SpecStepLog | None = None) -> tuple[float, dict, int]:
+    """Output tokens/s of serving the prompts, the speculation stats, steps; log: record the forwards."""
     spec = dict(speculative_method="draft", num_speculative_tokens=gamma,
                 draft_model=str(pair / "draft" / "config.json")) if gamma else {}
     config = EngineConfig(max_model_len=PROMPT + OUTPUT + 16, num_blocks=BLOCKS, max_num_batched_tokens=BUDGET,
@@ -40,21 +53,56 @@ def engine_run(pair: Path, weights: dict, prompts: list[list[int]], gamma: int) 
     engine = LLMEngine(ModelConfig.from_hf(pair / "target"), config, weights["target"],
                        draft_state_dict=weights["draft"] if gamma else None)
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    if log is not None:
+        recorded = record_spec_steps(engine)
     params = SamplingParams(max_tokens=OUTPUT, temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - started
-    return sum(len(o.output_token_ids) for o in outs) / seconds, engine.spec_stats.to_dict(), engine.num_steps
+    if log is not None:
+        log.target += recorded.target
+        log.draft += recorded.draft
+    stats = {**engine.spec_stats.to_dict(), "request_acceptance": request_acceptance(outs)}
+    return sum(len(o.output_token_ids) for o in outs) / seconds, stats, engine.num_steps
 
 
-def predicted(pair: Path, profile: Path, draft_profile: Path, batch: int, gamma: int, acceptance: Path | None) -> float:
+def calibrated_models(pair: Path, profiles: dict[str, Path], weights: dict, prompts: list[list[int]],
+                      batches: list[int], gammas: list[int]) -> tuple[CostModel, CostModel, int, int]:
+    """The target's and the draft's cost models with framework terms fitted on recorded forwards of
+    calibration runs (these prompts, these batch sizes, every gamma)."""
+    log = SpecStepLog()
+    for batch in batches:
+        for gamma in gammas:
+            engine_run(pair, weights, prompts[:batch], gamma, log)
+    models = {}
+    for which in ("target", "draft"):
+        models[which] = CostModel.load("cpu-local", profile=str(profiles[which]))
+    target_spec = load_model(str(pair / "target" / "config.json"))
+    draft_spec = load_model(str(pair / "draft" / "config.json"))
+    models["target"].fit_framework(Profile.load(profiles["target"]),
+                                   target_observations(log, target_spec, "fp32", BLOCK_SIZE))
+    models["draft"].fit_framework(Profile.load(profiles["draft"]),
+                                  draft_observations(log, draft_spec, "fp32", BLOCK_SIZE, models["draft"]))
+    return models["target"], models["draft"], len(log.target), len(log.draft)
+
+
+def predicted(pair: Path, profile: Path, draft_profile: Path, batch: int, gamma: int, acceptance: Path | None,
+              models: tuple[CostModel, CostModel] | None = None) -> float:
+    """The simulator's output tokens/s for the same run: with speculation, the mean over SIM_SEEDS
+    seeds (which measured request's acceptance each simulated request takes is a draw, and in a
+    small batch the slowest request sets the pace)."""
     spec = dict(speculative="draft", num_speculative_tokens=gamma, acceptance_file=str(acceptance),
                 draft_model=str(pair / "draft" / "config.json"), draft_profile=str(draft_profile)) if gamma else {}
-    config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
-                       quant="fp32", num_gpu_blocks=BLOCKS, max_num_batched_tokens=BUDGET, max_num_seqs=64,
-                       max_model_len=PROMPT + OUTPUT + 16, **spec)
     workload = make_workload("bench", [(0.0, PROMPT, OUTPUT, ()) for _ in range(batch)])
-    return simulate(config, workload).summary["throughput"]["output_tokens_per_s"]
+    target_costs, draft_costs = models or (None, None)
+    rates = []
+    for seed in range(SIM_SEEDS if gamma else 1):
+        config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
+                           quant="fp32", num_gpu_blocks=BLOCKS, max_num_batched_tokens=BUDGET, max_num_seqs=64,
+                           max_model_len=PROMPT + OUTPUT + 16, seed=seed, **spec)
+        result = simulate(config, workload, cost_model=target_costs, draft_cost_model=draft_costs)
+        rates.append(result.summary["throughput"]["output_tokens_per_s"])
+    return statistics.mean(rates)
 
 
 def main() -> None:
@@ -63,6 +111,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--gammas", default="1,2,4,8")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings here)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each gamma, interleaved; the median is kept")
+    parser.add_argument("--calibration-batches", default="2,8",
+                        help="batch sizes of the calibration runs (other prompts); none: profiles only")
     args = parser.parse_args()
     if not (args.pair / "pair.json").exists():
         raise SystemExit(f"no trained pair at {args.pair}: run `servecast train-pair` first")
@@ -81,21 +132,46 @@ def main() -> None:
     heldout = (args.pair / "heldout.bin").read_bytes()
     step = (len(heldout) - PROMPT) // max(batches)
     prompts_all = [list(heldout[i * step:i * step + PROMPT]) for i in range(max(batches))]
+    profile_models = tuple(CostModel.load("cpu-local", profile=str(profiles[w])) for w in ("target", "draft"))
+    calibration_batches = [int(x) for x in args.calibration_batches.split(",") if x]
+    models = None
+    if calibration_batches:
+        # Other prompts than the checked runs': the held-out text's second half.
+        offset = len(heldout) // 2
+        cal_step = (len(heldout) - offset - PROMPT) // max(calibration_batches)
+        cal_prompts = [list(heldout[offset + i * cal_step:offset + i * cal_step + PROMPT])
+                       for i in range(max(calibration_batches))]
+        *models, n_target, n_draft = calibrated_models(args.pair, profiles, weights, cal_prompts,
+                                                       calibration_batches, gammas)
+        print(f"calibrated on {n_target} target steps and {n_draft} draft forwards at batch "
+              f"{','.join(map(str, calibration_batches))} (other prompts)")
     print(f"{'batch':>5} {'gamma':>5} {'accept/pos':>22} {'measured tok/s':>14} {'speedup':>8} "
-          f"{'predicted tok/s':>15} {'speedup':>8} {'pred/meas':>9}")
+          f"{'profiles':>8} {'pred/meas':>9} {'calibrated':>10} {'pred/meas':>9}")
     for batch in batches:
-        base_measured = base_predicted = None
+        # Every gamma is served --repeats times, the gammas interleaved, and each keeps its median:
+        # this machine's speed drifts over minutes, and a ratio of runs minutes apart would show it.
+        rates: dict[int, list[float]] = {g: [] for g in gammas}
+        stats: dict[int, dict] = {}
+        for _ in range(args.repeats):
+            for gamma in gammas:
+                rate, stats[gamma], _ = engine_run(args.pair, weights, prompts_all[:batch], gamma)
+                rates[gamma].append(rate)
+        base = None
         for gamma in gammas:
-            rate, stats, _ = engine_run(args.pair, weights, prompts_all[:batch], gamma)
+            rate = statistics.median(rates[gamma])
             acceptance = None
             if gamma:
                 acceptance = args.pair / f"acceptance-b{batch}-g{gamma}.json"
-                acceptance.write_text(json.dumps(stats))
-            pred = predicted(args.pair, profiles["target"], profiles["draft"], batch, gamma, acceptance)
-            base_measured, base_predicted = base_measured or rate, base_predicted or pred
-            accept = ",".join(f"{a:.2f}" for a in stats["acceptance_by_position"]) if gamma else "-"
-            print(f"{batch:>5} {gamma:>5} {accept:>22} {rate:>14.0f} {rate / base_measured:>8.2f} "
-                  f"{pred:>15.0f} {pred / base_predicted:>8.2f} {(pred / base_predicted) / (rate / base_measured):>9.2f}",
+                acceptance.write_text(json.dumps(stats[gamma]))
+            row = (rate, predicted(args.pair, profiles["target"], profiles["draft"], batch, gamma, acceptance,
+                                   profile_models),
+                   predicted(args.pair, profiles["target"], profiles["draft"], batch, gamma, acceptance, models)
+                   if models else float("nan"))
+            base = base or row
+            speedups = [r / b for r, b in zip(row, base)]
+            accept = ",".join(f"{a:.2f}" for a in stats[gamma]["acceptance_by_position"]) if gamma else "-"
+            print(f"{batch:>5} {gamma:>5} {accept:>22} {rate:>14.0f} {speedups[0]:>8.2f} {speedups[1]:>8.2f} "
+                  f"{speedups[1] / speedups[0]:>9.2f} {speedups[2]:>10.2f} {speedups[2] / speedups[0]:>9.2f}",
                   flush=True)
 
 

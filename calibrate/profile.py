@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import attend, build_metadata
+from engine.tp_shard import shard_config
 from engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
@@ -170,7 +171,9 @@ class Profiler:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, got {tp}")
         self.tp = tp
-        self.model = model
+        # Under tensor parallelism every rank runs the same shard: its operators are what a TP=tp
+        # step costs, plus the all-reduces timed across tp processes.
+        self.model = model if tp == 1 else shard_config(model, tp)
         self.device = torch.device(device)
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.dtype = canonical_dtype(dtype)

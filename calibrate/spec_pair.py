@@ -120,6 +120,7 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
     from engine import EngineConfig, LLMEngine
     from engine.config import ModelConfig
     from engine.sampling_params import SamplingParams
+    from engine.spec_decode import request_acceptance
     from engine.weights import read_safetensors_dir
 
     if num_prompts < 1 or prompt_bytes < 1 or output_bytes < 1:
@@ -137,7 +138,7 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
               for i in range(num_prompts)]
     outputs = engine.generate(prompts, params)
     stats = engine.spec_stats.to_dict()
-    stats.update({"num_speculative_tokens": num_speculative_tokens, "temperature": temperature,
+    stats.update({"request_acceptance": request_acceptance(outputs), "num_speculative_tokens": num_speculative_tokens, "temperature": temperature,
                   "prompts": num_prompts, "output_tokens": sum(len(o.output_token_ids) for o in outputs),
                   "steps": engine.num_steps})
     return stats

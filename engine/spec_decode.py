@@ -97,3 +97,11 @@ class SpecStats:
                 "acceptance_by_slot": self.acceptance_by_slot, "slots_by_position": list(self.slots),
                 "verifications": self.verifications,
                 "mean_accepted_per_verification": self.mean_accepted_per_verification}
+
+
+def request_acceptance(outputs) -> list[list[int]]:
+    """[drafts proposed, drafts accepted] of every request that was proposed drafts: how much
+    acceptance varies between requests (a predictable text accepts nearly all, another few),
+    which the pooled per-position rates hide."""
+    return [[o.num_draft_tokens, o.num_accepted_drafts] for o in outputs if o.num_draft_tokens]
+

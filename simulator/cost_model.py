@@ -668,8 +668,11 @@ class CostModel:
             per_layer = 2 if name in ("rms_norm", "add") else 1
             cost.add(name, self.predict_elementwise(name, tokens, width, dtype), per_layer * layers)
         if tp > 1:
+            # After attention and after the MLP of every layer, and (whole model) after the
+            # vocabulary-parallel embedding.
             nbytes = tokens * model.hidden_size * DTYPE_BYTES[dtype]
-            cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), 2 * layers)
+            count = 2 * layers + (1 if layers == model.num_layers else 0)
+            cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), count)
 
     def add_prefill_attention(self, cost: StepCost, num_tokens: int, context_len: int, model: ModelSpec, tp: int,
                               dtype: str, layers: int | None = None) -> None:
@@ -720,6 +723,9 @@ class CostModel:
             n, k = model.linear_shapes(tp)["lm_head"]
             cost.add("lm_head", self.predict_gemm(sampled, n, k, dtype, "lm_head"))
             cost.add("sample", self.predict_sample(sampled, model.vocab_size, dtype))
+            if tp > 1:  # the logits gathered from the vocabulary shards: a ring all-gather moves about
+                # what an all-reduce of half the bytes does
+                cost.add("all_reduce", self.predict_all_reduce(sampled * model.vocab_size * 4 // 2, tp))
 
 
 def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,

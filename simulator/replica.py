@@ -183,6 +183,8 @@ class Replica:
     def _retire(self, engine: _VirtualEngine, request_id: str) -> None:
         """Book a request the scheduler has finished."""
         seq = engine.sequences.pop(request_id)
+        if self.speculation is not None:
+            self.speculation.forget(request_id)
         del self._sampled[request_id]
         engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
         self.finished_requests += 1

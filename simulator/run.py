@@ -19,7 +19,7 @@ from simulator.replica import ArrivalClock, Replica
 from simulator.router import Router
 from simulator.sim_config import SimConfig
 from simulator.static_batching import StaticBatchScheduler
-from simulator.speculation import Speculation, acceptance_profile
+from simulator.speculation import Speculation, acceptance_profile, request_rates
 from simulator.step_timer import StepTimer
 from simulator.workload import Workload
 
@@ -38,10 +38,11 @@ class SimResult:
 
 def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
              progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None,
-             bulk_decodes: bool = True) -> SimResult:
+             bulk_decodes: bool = True, draft_cost_model: CostModel | None = None) -> SimResult:
     """Run the workload through config's fleet. progress(done, total) is called as requests finish.
     timer replaces the cost model's step times (tests use fixed or replayed step times);
-    bulk_decodes=False takes every steady decode step through the scheduler one by one (same results)."""
+    bulk_decodes=False takes every steady decode step through the scheduler one by one (same results);
+    draft_cost_model: the speculative draft's (default: loaded from config.draft_profile, else cost_model)."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
@@ -72,7 +73,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     recorder = Recorder()
     span = max(workload.duration_s, 1e-3)
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
-    speculation = make_speculation(config, model, cost_model, weight_dtype)
+    speculation = make_speculation(config, model, cost_model, weight_dtype, draft_cost_model)
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes,
                         speculation(i) if speculation else None) for i in range(config.replicas)]
     router = Router(config.router, replicas)
@@ -103,23 +104,26 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     return SimResult(config, summary, requests, timeseries, plan)
 
 
-def make_speculation(config: SimConfig, model, cost_model: CostModel,
-                     weight_dtype: str | None) -> Callable[[int], Speculation] | None:
+def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dtype: str | None,
+                     draft_costs: CostModel | None = None) -> Callable[[int], Speculation] | None:
     """replica index -> that replica's speculative-decoding model (None when off). The acceptance
     profile and the draft's timer are built once and shared; acceptance draws are seeded per replica."""
     if config.speculative is None:
         return None
     cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
+    rates = request_rates(config.acceptance_file)
     draft = config.draft_spec(model)
     draft_timer = None
     if draft is not None:
         # A profile of the draft itself, where given: small models are bound by per-operator
         # overheads that the target's curves extrapolate poorly.
-        draft_costs = cost_model if config.draft_profile is None else CostModel.load(
-            config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
+        if draft_costs is None:
+            draft_costs = cost_model if config.draft_profile is None else CostModel.load(
+                config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
         draft_timer = StepTimer(draft_costs, draft, config.tp, 1, config.compute_dtype, weight_dtype,
                                 config.cache_dtype, config.block_size)
-    return lambda replica: Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer)
+    return lambda replica: Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer,
+                                       request_rates=rates)
 
 
 def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, timer: StepTimer,

@@ -83,8 +83,15 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
     model = CostModel.load("cpu-local", profile=path)
     p = model.predict_all_reduce(measured[0].get("nbytes"), 2)
     assert p.provenance == "measured" and p.time_s == pytest.approx(measured[0].time_s)
+    # Every other operator is one rank's shard: the simulator's tp=2 step reads it as measured.
+    assert {(m.get("n"), m.get("k")) for m in profile.of("gemm") if m.name == "qkv_proj"} == {((4 + 2 * 2) * 16 // 2, 64)}
+    spec = ModelSpec.from_hf_dict(TINY, "tiny")
+    step = model.step_time([Chunk(1, 32)] * 4, spec, tp=2, dtype="fp32")
+    assert step.provenance["qkv_proj"] == "measured" and step.provenance["all_reduce"] != "extrapolated"
     with pytest.raises(ValueError, match="at least 1"):
         Profiler(ModelConfig.from_hf(TINY), tp=0)
+    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
+        Profiler(ModelConfig.from_hf(TINY), tp=3)
 
 
 def test_attention_is_planned_at_other_head_dims_and_query_groups() -> None:

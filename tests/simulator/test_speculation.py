@@ -9,7 +9,7 @@ import pytest
 
 from simulator.run import simulate
 from simulator.sim_config import SimConfig
-from simulator.speculation import acceptance_profile
+from simulator.speculation import acceptance_profile, request_rates
 from simulator.synthetic import load_workload
 
 LIGHT = "synthetic:num=24,input=200,output=128,rate=0.5"
@@ -67,6 +67,38 @@ def test_acceptance_profiles(tmp_path) -> None:
     bad.write_text("{}")
     with pytest.raises(ValueError, match="acceptance file"):
         acceptance_profile(path=str(bad))
+
+
+def test_request_rates_invert_the_share_of_drafts_accepted(tmp_path) -> None:
+    # A request with per-token rate 0.5 at gamma 4 accepts (0.5 + 0.25 + 0.125 + 0.0625) / 4 of its drafts.
+    share = (0.5 + 0.25 + 0.125 + 0.0625) / 4
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps({"acceptance_by_position": [0.6, 0.4, 0.3, 0.2],
+                                "request_acceptance": [[400, round(400 * share)], [40, 40], [40, 0]]}))
+    rates = request_rates(str(path))
+    assert rates[0] == pytest.approx(0.5, abs=1e-3) and rates[1] == pytest.approx(1.0) and rates[2] == pytest.approx(0.0)
+    assert request_rates(None) == ()
+    path.write_text(json.dumps({"acceptance_by_position": [0.6], "request_acceptance": [[4, 5]]}))
+    with pytest.raises(ValueError, match="more drafts than it was proposed"):
+        request_rates(str(path))
+
+
+def test_requests_that_differ_in_acceptance_finish_a_batch_later_than_pooled_rates_say(tmp_path) -> None:
+    # Half the requests accept every draft and half none: the pooled profile (every request at the
+    # mean) finishes the batch sooner than the mixture, whose slow half needs a step per token.
+    pooled = tmp_path / "pooled.json"
+    pooled.write_text(json.dumps({"acceptance_by_position": [0.5, 0.5, 0.5]}))
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps({"acceptance_by_position": [0.5, 0.5, 0.5],
+                                 "request_acceptance": [[90, 90], [90, 0]]}))
+    knobs = dict(speculative="ngram", num_speculative_tokens=3)
+    a = run(FULL, acceptance_file=str(pooled), **knobs)
+    b = run(FULL, acceptance_file=str(mixed), **knobs)
+    assert (b.requests["output_tokens"] == 128).all()
+    assert b.summary["duration_s"] > a.summary["duration_s"]
+    # The mixture's TPOTs split in two: requests at rate 1 take a step per 4 tokens, at rate 0 one per token.
+    tpot = b.requests["tpot_s"].sort_values().to_numpy()
+    assert tpot[-1] > 2.5 * tpot[0]
 
 
 @pytest.mark.parametrize("knobs, message", [
