@@ -86,7 +86,7 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
     # Every other operator is one rank's shard: the simulator's tp=2 step reads it as measured.
     assert {(m.get("n"), m.get("k")) for m in profile.of("gemm") if m.name == "qkv_proj"} == {((4 + 2 * 2) * 16 // 2, 64)}
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
-    step = model.step_time([Chunk(1, 32)] * 4, spec, tp=2, dtype="fp32")
+    step = model.step_time([Chunk(1, 32)] * 8, spec, tp=2, dtype="fp32")  # 8 tokens: a profiled size
     assert step.provenance["qkv_proj"] == "measured" and step.provenance["all_reduce"] != "extrapolated"
     with pytest.raises(ValueError, match="at least 1"):
         Profiler(ModelConfig.from_hf(TINY), tp=0)
