@@ -113,6 +113,8 @@ def simulate_command(
     tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
     quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
     kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),
+    activation_dtype: str = typer.Option("auto", help="what GEMMs compute in: auto (bf16 under int8/int4 "
+                                         "weights, fp8 with fp8), fp32 (servecast's CPU engine), bf16, fp16, fp8"),
     block_size: int = typer.Option(16), max_num_seqs: int = typer.Option(256),
     max_num_batched_tokens: int = typer.Option(8192), max_model_len: Optional[int] = typer.Option(None),
     gpu_memory_utilization: float = typer.Option(0.9),
@@ -141,7 +143,7 @@ def simulate_command(
 
     try:
         config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,
-                           kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
+                           kv_dtype=kv_dtype, activation_dtype=activation_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                            gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
                            enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,

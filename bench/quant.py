@@ -5,7 +5,9 @@ Per mode (fp32, int8, int4 with groups of 32 and 64, fp8 storage; int8 / fp8 KV 
 bytes as allocated; KV bytes per token; output tokens/s serving 16 and 1 held-out prompts (96 bytes, 64 generated, greedy);
 and quality against the fp32 model on held-out text: mean KL divergence of the next-token
 distributions (teacher-forced, every position of 16 windows of 256 bytes) and how often the greedy
-next token agrees.
+next token agrees. Beside the measured tokens/s, the simulator's prediction of the same runs from
+this CPU's profile of the target (extended with its quantized layers, `gemm_quant`; int4 timed in
+groups of 32) with fp32 activations, as the engine computes them here.
 
     servecast train-pair            # once
     python bench/quant.py [--pair DIR] [--threads 1]
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +26,11 @@ from app.spec_pair_command import DEFAULT_PAIR
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig
 from engine.weights import read_safetensors_dir
+from calibrate.profile import Profiler, ProfileGrid
+from simulator.cost_model import CostModel
+from simulator.run import simulate
+from simulator.sim_config import SimConfig
+from simulator.workload import make_workload
 
 # (label, weight quantization, int4 group size, KV cache dtype)
 MODES = [("fp32", None, 128, None), ("int8", "int8", 128, None), ("int4 g32", "int4", 32, None),
@@ -46,6 +54,15 @@ def tokens_per_s(engine: LLMEngine, prompts: list[list[int]]) -> float:
     return sum(len(o.output_token_ids) for o in outs) / (time.perf_counter() - started)
 
 
+def predicted_tokens_per_s(pair: Path, costs: CostModel, profile: Path, quantization: str | None,
+                           kv: str | None, batch: int) -> float:
+    config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
+                       quant=quantization or "fp32", activation_dtype="fp32", kv_dtype=kv or "auto",
+                       num_gpu_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64, max_model_len=512)
+    workload = make_workload("bench", [(0.0, 96, 64, ()) for _ in range(batch)])
+    return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
+
+
 def prompt_logits(engine: LLMEngine, windows: list[list[int]]) -> torch.Tensor:
     outs = engine.generate(windows, SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True))
     return torch.cat([o.prompt_logits.float() for o in outs])
@@ -64,9 +81,16 @@ def main() -> None:
     step = (len(heldout) - 256) // 16
     windows = [list(heldout[i * step:i * step + 256]) for i in range(16)]
     prompts = [w[:96] for w in windows]
+    # The target's profile on this CPU (bench/spec_decode.py's, same grid), resumed with its quantized layers.
+    profile = args.pair / f"profile-cpu-{args.threads}t.jsonl"
+    print(f"profiling (resumes) the target's quantized layers -> {profile}", flush=True)
+    grid = ProfileGrid.for_budget(256, 96 + 64 + 16)
+    grid = replace(grid, weight_quant=("int8", "int4", "fp8"), quant_group_size=32)
+    Profiler(ModelConfig.from_hf(args.pair / "target"), grid=grid).run(profile)
+    costs = CostModel.load("cpu-local", profile=str(profile))
     reference = None
-    print(f"{'mode':>9} {'weight MB':>9} {'x fp32':>6} {'KV B/token':>10} {'tok/s b16':>9} {'tok/s b1':>8} "
-          f"{'mean KL':>9} {'greedy agree':>12}")
+    print(f"{'mode':>9} {'weight MB':>9} {'x fp32':>6} {'KV B/token':>10} {'tok/s b16':>9} {'pred b16':>8} "
+          f"{'tok/s b1':>8} {'pred b1':>8} {'mean KL':>9} {'greedy agree':>12}")
     for name, quantization, group, kv_dtype in MODES:
         engine = make(args.pair, weights, quantization, group, kv_dtype)
         logits = prompt_logits(engine, windows)
@@ -76,9 +100,10 @@ def main() -> None:
         kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
         agree = float((reference.argmax(-1) == logits.argmax(-1)).float().mean())
         kv = engine.config.block_bytes(engine.model_config) // engine.config.block_size
+        predicted = [predicted_tokens_per_s(args.pair, costs, profile, quantization, kv_dtype, b) for b in (16, 1)]
         print(f"{name:>9} {engine.model.weight_bytes() / 2**20:>9.2f} {engine.model.weight_bytes() / base_bytes:>6.2f} "
-              f"{kv:>10} {tokens_per_s(engine, prompts):>9.0f} {tokens_per_s(engine, prompts[:1]):>8.0f} "
-              f"{kl:>9.5f} {agree:>12.1%}", flush=True)
+              f"{kv:>10} {tokens_per_s(engine, prompts):>9.0f} {predicted[0]:>8.0f} "
+              f"{tokens_per_s(engine, prompts[:1]):>8.0f} {predicted[1]:>8.0f} {kl:>9.5f} {agree:>12.1%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     step_time_total = split.prefill_s + split.decode_s + split.communication_s + split.overhead_s
     return {
         "model": config.model, "hardware": config.hardware, "tp": config.tp, "pp": config.pp,
-        "replicas": config.replicas, "quant": config.quant, "kv_dtype": config.cache_dtype,
+        "replicas": config.replicas, "quant": config.quant, "compute_dtype": config.compute_dtype, "kv_dtype": config.cache_dtype,
         "scheduler": config.scheduler, "router": config.router,
         "num_requests": int(len(requests)), "num_finished": int(len(finished)), "num_rejected": int(len(rejected)),
         "rejections": dict(Counter(rejected["reason"])) if len(rejected) else {},

@@ -19,6 +19,7 @@ from simulator.memory import MemoryPlan, plan_memory
 
 WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
+ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
 Router = Literal["round_robin", "least_outstanding_tokens", "prefix_affinity"]
 SchedulerKind = Literal["continuous", "static"]
 
@@ -58,6 +59,10 @@ class SimConfig(BaseModel):
     replicas: int = Field(default=1, ge=1, le=4096)
     quant: WeightPrecision = Field(default="bf16", description="weight precision")
     kv_dtype: KVDtype = "auto"
+    # What GEMMs compute in: auto = bf16 under weight-only int8/int4 (W8A16/W4A16), fp8 with fp8
+    # weights, else the weights' own; fp32 models servecast's CPU engine, whose quantized layers
+    # take fp32 activations.
+    activation_dtype: ActivationDtype = "auto"
     block_size: int = Field(default=16, ge=1, le=1024)
     max_num_seqs: int = Field(default=256, ge=1)
     max_num_batched_tokens: int = Field(default=8192, ge=1)
@@ -126,12 +131,17 @@ class SimConfig(BaseModel):
 
     @property
     def compute_dtype(self) -> str:
-        """GEMMs run in 16 bits under weight-only quantization, in fp8 with fp8 weights."""
+        """GEMMs run in 16 bits under weight-only quantization, in fp8 with fp8 weights (unless
+        activation_dtype says otherwise)."""
+        if self.activation_dtype != "auto":
+            return self.activation_dtype
         return "fp32" if self.quant == "fp32" else ("fp8" if self.quant == "fp8" else "bf16")
 
     @property
     def cache_dtype(self) -> str:
-        return ("fp32" if self.quant == "fp32" else "bf16") if self.kv_dtype == "auto" else self.kv_dtype
+        if self.kv_dtype != "auto":
+            return self.kv_dtype
+        return "fp32" if self.compute_dtype == "fp32" else "bf16"
 
     def resolved_max_model_len(self, model: ModelSpec, plan: MemoryPlan) -> int:
         """The stated max_model_len, else the model's context capped at what the KV cache holds

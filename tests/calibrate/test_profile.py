@@ -125,6 +125,29 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
     assert prediction.time_s == pytest.approx(measured) and prediction.provenance == "measured"
 
+    # The simulator models this engine's quantized runs with fp32 activations: its step's linear
+    # layers are the gemm_quant points (8 tokens a step: a profiled size), not fp32 GEMMs.
+    import json
+
+    from simulator.sim_config import SimConfig
+    from simulator.step_timer import StepTimer
+
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                  max_position_embeddings=128)))
+    sim = SimConfig(model=str(hf), hardware="cpu-local", profile=str(tmp_path / "q.jsonl"), quant="int8",
+                    activation_dtype="fp32")
+    assert (sim.compute_dtype, sim.cache_dtype) == ("fp32", "fp32")
+    assert SimConfig(model=str(hf), hardware="h100-sxm", quant="int8").compute_dtype == "bf16"  # W8A16
+    spec = sim.model_spec()
+    int8_ops = StepTimer(model, spec, 1, 1, "fp32", "int8", "fp32", 16).token_ops(8)[0]
+    fp32_ops = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16).token_ops(8)[0]
+    linears = {name: (n, k) for name, (n, k) in spec.linear_shapes().items() if name != "lm_head"}
+    quant_sum = sum(points[("int8", n, k, 8)] for n, k in linears.values())
+    float_sum = sum(model.predict_gemm(8, n, k, "fp32").time_s for n, k in linears.values())
+    assert int8_ops - fp32_ops == pytest.approx(quant_sum - float_sum, rel=1e-6)
+
 
 def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) -> None:
     profile, path = tiny_profile
