@@ -41,8 +41,11 @@ MODES = [("fp32", None, 128, None), ("int8", "int8", 128, None), ("int4 g32", "i
 def make(pair: Path, weights: dict, quantization: str | None, group: int, kv: str | None) -> LLMEngine:
     # Prompt logits read the KV cache only for chunks after the first: a small budget makes the
     # quality windows (256 tokens) go through it.
+    # No prefix caching: the speed prompts are the quality windows' beginnings, and a cache hit
+    # would skip their prefill.
     config = EngineConfig(max_model_len=512, num_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64,
-                          quantization=quantization, quant_group_size=group, kv_cache_dtype=kv)
+                          quantization=quantization, quant_group_size=group, kv_cache_dtype=kv,
+                          enable_prefix_caching=False)
     return LLMEngine(ModelConfig.from_hf(pair / "target"), config, weights)
 
 
@@ -58,7 +61,8 @@ def predicted_tokens_per_s(pair: Path, costs: CostModel, profile: Path, quantiza
                            kv: str | None, batch: int) -> float:
     config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
                        quant=quantization or "fp32", activation_dtype="fp32", kv_dtype=kv or "auto",
-                       num_gpu_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64, max_model_len=512)
+                       num_gpu_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64, max_model_len=512,
+                       enable_prefix_caching=False)
     workload = make_workload("bench", [(0.0, 96, 64, ()) for _ in range(batch)])
     return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
 
