@@ -57,6 +57,9 @@ def generate(
     chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
     device: str = typer.Option("cpu"),
     dtype: str = typer.Option("float32"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each; gloo on CPU, NCCL on GPUs)"),
+    quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
+    kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json and requests.csv here"),
@@ -74,7 +77,8 @@ def generate(
         config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                               enable_chunked_prefill=chunked_prefill, device=device, dtype=dtype, seed=seed,
-                              max_model_len=max_total_tokens if model is None else None)
+                              max_model_len=max_total_tokens if model is None else None, tensor_parallel_size=tp,
+                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
         if model is None:
             engine = LLMEngine.from_config(DEMO_MODEL, config, seed=seed)
         elif model.is_dir() and any(model.glob("*.safetensors")):
@@ -86,6 +90,7 @@ def generate(
                       console=console, transient=as_json) as progress:
             task = progress.add_task("serve", total=len(requests))
             outputs = replay(engine, requests, on_finish=lambda _: progress.advance(task))
+        engine.close()
     except ValueError as exc:
         fail(str(exc))
 
@@ -94,7 +99,8 @@ def generate(
     summary["engine"] = {"model": str(model or "bundled demo llama (random weights)"),
                          "parameters": engine.model_config.num_parameters(), "device": device, "dtype": dtype,
                          "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
-                         "steps": engine.num_steps}
+                         "steps": engine.num_steps, "tensor_parallel_size": tp, "quantization": quantization,
+                         "kv_cache_dtype": kv_cache_dtype}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -34,6 +34,14 @@ def test_generate_with_a_local_model_directory(tmp_path) -> None:
     assert summary["engine"]["model"] == str(tmp_path) and summary["num_requests"] == 4
 
 
+def test_generate_with_tensor_parallel_ranks_and_int8_weights() -> None:
+    result = runner.invoke(app, [*SMALL, "--tp", "2", "--quantization", "int8", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["engine"]["tensor_parallel_size"] == 2 and summary["engine"]["quantization"] == "int8"
+    assert summary["num_requests"] == 4 and summary["throughput"]["output_tokens_per_s"] > 0
+
+
 def test_generate_prints_a_table() -> None:
     result = runner.invoke(app, SMALL)
     assert result.exit_code == 0, result.output
@@ -49,6 +57,9 @@ def test_generate_prints_a_table() -> None:
     (["--lengths", "/nonexistent.csv"], "no length file"),
     (["--num-requests", "0"], "num_requests must be positive"),
     (["--max-num-batched-tokens", "8", "--no-chunked-prefill"], "without chunked prefill"),
+    (["--tp", "3"], "does not divide the model's 8 attention heads"),
+    (["--quantization", "int3"], "quantization 'int3' is not supported"),
+    (["--kv-cache-dtype", "int4"], "kv_cache_dtype 'int4' is not supported"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message) -> None:
     result = runner.invoke(app, [*SMALL, *args])
