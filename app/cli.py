@@ -160,6 +160,7 @@ def profile(
                                                      "recorded in the profile's fingerprint"),
     quant: str = typer.Option("", help="also time weight-only quantized linear layers: e.g. int8,int4,fp8"),
     quant_group_size: int = typer.Option(128, help="int4 group size for --quant"),
+    kv_quant: str = typer.Option("", help="also time reads of a quantized KV cache: e.g. int8,fp8"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
 ) -> None:
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
@@ -186,7 +187,11 @@ def profile(
         modes = tuple(m.strip() for m in quant.split(",") if m.strip())
         for mode in modes:
             check_quantization(mode, quant_group_size)
-        grid = replace(grid, weight_quant=modes, quant_group_size=quant_group_size)
+        kv_modes = tuple(m.strip() for m in kv_quant.split(",") if m.strip())
+        for mode in kv_modes:
+            if mode not in ("int8", "fp8"):
+                raise ValueError(f"--kv-quant {mode!r} is not supported; use int8, fp8 or both (int8,fp8)")
+        grid = replace(grid, weight_quant=modes, quant_group_size=quant_group_size, kv_quant=kv_modes)
         profiler = Profiler(config, device=device, dtype=dtype, grid=grid, tp=tp)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:

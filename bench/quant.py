@@ -7,7 +7,8 @@ and quality against the fp32 model on held-out text: mean KL divergence of the n
 distributions (teacher-forced, every position of 16 windows of 256 bytes) and how often the greedy
 next token agrees. Beside the measured tokens/s, the simulator's prediction of the same runs from
 this CPU's profile of the target (extended with its quantized layers, `gemm_quant`; int4 timed in
-groups of 32) with fp32 activations, as the engine computes them here.
+groups of 32; and reads of int8 / fp8 KV caches, `kv_gather`) with fp32 activations, as the engine
+computes them here.
 
     servecast train-pair            # once
     python bench/quant.py [--pair DIR] [--threads 1]
@@ -89,7 +90,7 @@ def main() -> None:
     profile = args.pair / f"profile-cpu-{args.threads}t.jsonl"
     print(f"profiling (resumes) the target's quantized layers -> {profile}", flush=True)
     grid = ProfileGrid.for_budget(256, 96 + 64 + 16)
-    grid = replace(grid, weight_quant=("int8", "int4", "fp8"), quant_group_size=32)
+    grid = replace(grid, weight_quant=("int8", "int4", "fp8"), quant_group_size=32, kv_quant=("int8", "fp8"))
     Profiler(ModelConfig.from_hf(args.pair / "target"), grid=grid).run(profile)
     costs = CostModel.load("cpu-local", profile=str(profile))
     reference = None

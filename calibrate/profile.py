@@ -81,6 +81,10 @@ class ProfileGrid:
     # of quant_group_size where the layer's input width allows), so the simulator reads their
     # dequantization and kernel costs from measurements.
     weight_quant: tuple[str, ...] = ()
+    # Quantized KV caches (int8, fp8) whose reads -- a gather that dequantizes -- are also timed,
+    # beside the plain cache's (kv_gather), so the simulator adds what dequantizing costs.
+    kv_quant: tuple[str, ...] = ()
+    kv_gather_tokens: tuple[int, ...] = (64, 256, 1024, 4096, 16384, 65536)
     quant_group_size: int = 128
 
     @classmethod
@@ -221,6 +225,10 @@ class Profiler:
             plan.append(("kv_write", dict(tokens=m, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)))
             for name, width in widths.items():
                 plan.append(("elementwise", dict(name=name, tokens=m, width=width, dtype=d)))
+        for kv_dtype in (("none",) + g.kv_quant) if g.kv_quant else ():
+            for tokens in g.kv_gather_tokens:
+                plan.append(("kv_gather", dict(tokens=tokens, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                               dtype=d, kv_dtype=kv_dtype)))
         for batch in g.decode_batch:
             plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
             plan.append(("step_overhead", dict(batch=batch)))
@@ -348,6 +356,13 @@ class Profiler:
             yield lambda: next(turn)(x)
         elif op in ("attention_prefill", "attention_decode", "attention_verify"):
             yield self._attention(op, p)
+        elif op == "kv_gather":
+            kv_dtype = None if p["kv_dtype"] == "none" else p["kv_dtype"]
+            bs = self.grid.block_size
+            blocks = -(-p["tokens"] // bs)
+            cache = KVCache(_one_layer(self.model), CacheConfig(bs, blocks), self.torch_dtype, self.device, kv_dtype)
+            order = torch.randperm(blocks, generator=torch.Generator().manual_seed(0)).to(self.device)
+            yield lambda: cache.gather(0, order)  # a serving pool's blocks are scattered
         elif op == "kv_write":
             cache, slots = self._cache_and_slots(p["tokens"])
             k = self._tensor(p["tokens"], c.num_kv_heads, c.head_dim)

@@ -439,6 +439,20 @@ class CostModel:
         provenance = series.at(max(1, round(total_kv / batch)))[1] if series is not None else "interpolated"
         return Prediction(time_of(batch, total_kv), provenance, self.errors[provenance])
 
+    def kv_dequant_timer(self, kv_dtype: str | None, num_kv_heads: int, head_dim: int,
+                         dtype: str) -> Callable[[int], float] | None:
+        """Extra seconds of reading `tokens` tokens' K and V of one layer from a quantized cache
+        (int8 / fp8: gather and dequantize) over reading them from a plain one, from the profile's
+        kv_gather points; None when the cache is not quantized or the profile lacks them."""
+        if kv_dtype not in ("int8", "fp8"):
+            return None
+        dtype = canonical_dtype(dtype)
+        quantized = self._series.get(("kv_gather", num_kv_heads, head_dim, dtype, kv_dtype))
+        plain = self._series.get(("kv_gather", num_kv_heads, head_dim, dtype, "none"))
+        if quantized is None or plain is None:
+            return None
+        return lambda tokens: max(0.0, quantized.at(max(1, tokens))[0] - plain.at(max(1, tokens))[0])
+
     def verify_attention_timer(self, queries: int, num_heads: int, num_kv_heads: int, head_dim: int,
                                dtype: str) -> Callable[[int, int], float] | None:
         """Seconds of one speculative-verification attention call (engine/attention.py VerifyBatch:
@@ -776,6 +790,8 @@ def _series_key(m: Measurement) -> tuple[tuple | None, int]:
         return ("idle_wakeup",), p["idle_ms"]
     if m.op == "all_reduce":
         return ("all_reduce", p["world"]), p["nbytes"]
+    if m.op == "kv_gather":
+        return ("kv_gather", p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"]), p["kv_dtype"]), p["tokens"]
     if m.op == "attention_verify":
         return ("attention_verify", p["batch"], p["q_len"], p["num_heads"], p["num_kv_heads"], p["head_dim"],
                 canonical_dtype(p["dtype"])), p["kv_len"]

@@ -19,6 +19,9 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
                      verification, `batch` chunks of q_len queries (a last token and its drafts)
                      each ending at context kv_len, attended together as the engine does
   kv_write           tokens, num_kv_heads, head_dim, dtype
+  kv_gather          tokens, num_kv_heads, head_dim, dtype, kv_dtype (none, int8, fp8): reading
+                     `tokens` tokens' K and V of one layer from the paged cache (dequantizing them
+                     from a quantized cache)
   elementwise        name (rms_norm, rope, swiglu, add, ...), tokens, width (features the op
                      reads per token: hidden for norms and adds, q+k for rope, FFN for swiglu), dtype
   sample             batch, vocab
@@ -64,6 +67,7 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "attention_decode": ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "attention_verify": ("batch", "q_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype"),
     "kv_write": ("tokens", "num_kv_heads", "head_dim", "dtype"),
+    "kv_gather": ("tokens", "num_kv_heads", "head_dim", "dtype", "kv_dtype"),
     "elementwise": ("name", "tokens", "width", "dtype"),
     "sample": ("batch", "vocab"),
     "step_overhead": ("batch",),
@@ -119,7 +123,7 @@ class Measurement:
         params = []
         for k in OP_KEYS[op]:
             value = raw.get(k, ZERO_KEYS.get(k))
-            if k not in ("dtype", "name", "weight_dtype"):
+            if k not in ("dtype", "name", "weight_dtype", "kv_dtype"):
                 smallest = 0 if k in ZERO_KEYS else 1e-300
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or value < smallest:
                     what = "a non-negative" if k in ZERO_KEYS else "a positive"

@@ -67,6 +67,10 @@ class StepTimer:
         self._decode_timers: dict = {}  # decodes -> CostModel.attention_decode_timer
         self._padded: dict[tuple[int, int], float] = {}  # (batch, padded context) of one padded group
         self._verify: dict[tuple[int, int, int], float] = {}  # (chunks, queries, total context)
+        # Reading a quantized KV cache dequantizes what it gathers (profiled kv_gather points), on
+        # top of each attention call's time; None: a plain cache, or a profile without them.
+        self._kv_dequant = self.cost_model.kv_dequant_timer(
+            self.kv_dtype, max(self.model.num_kv_heads // self.tp, 1), self.model.head_dim, self.dtype)
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
         m, tp = self.model, self.tp
@@ -110,15 +114,19 @@ class StepTimer:
         def compute() -> float:
             cost = StepCost(0.0)
             self.cost_model.add_prefill_attention(cost, num_tokens, context_len, self.model, self.tp, self.dtype)
-            return cost.total_s
+            return cost.total_s + self._kv_read(context_len)
         return self._memo(self._prefill, (num_tokens, context_len), compute)
+
+    def _kv_read(self, tokens: int) -> float:
+        """Extra seconds, all layers, of reading `tokens` tokens from a quantized KV cache."""
+        return self._kv_dequant(tokens) * self._layers if self._kv_dequant is not None else 0.0
 
     def verify_attention(self, batch: int, queries: int, total_context: int) -> float:
         """Speculative verification chunks attended together, all layers (CostModel.add_verify_attention)."""
         def compute() -> float:
             cost = StepCost(0.0)
             self.cost_model.add_verify_attention(cost, batch, queries, total_context, self.model, self.tp, self.dtype)
-            return cost.total_s
+            return cost.total_s + self._kv_read(total_context)
         return self._memo(self._verify, (batch, queries, total_context), compute)
 
     def padded_decode_attention(self, context_lens: list[int]) -> tuple[float, int]:
@@ -133,7 +141,7 @@ class StepTimer:
     def _decode_group(self, batch: int, padded: int) -> float:
         cost = StepCost(0.0)
         self.cost_model.add_decode_attention(cost, [padded] * batch, self.model, self.tp, self.dtype)
-        return cost.total_s
+        return cost.total_s + self._kv_read(batch * padded)
 
     def decode_attention(self, batch: int, total_context: int) -> float:
         """Decode attention of `batch` paged decodes over total_context keys, all layers (what
@@ -149,6 +157,8 @@ class StepTimer:
             if len(self._decode) >= _MEMO_LIMIT:
                 self._decode.clear()
             value = self._decode[key] = 0.0 + time_of(total_context) * self._layers  # as StepCost.add sums it
+            if self._kv_dequant is not None:
+                value = self._decode[key] = value + self._kv_read(total_context)
         return value
 
     def head(self, sampled: int) -> float:

@@ -116,7 +116,8 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                       max_position_embeddings=128))
-    grid = replace(ProfileGrid.quick(), weight_quant=("int8", "int4"), quant_group_size=32)
+    grid = replace(ProfileGrid.quick(), weight_quant=("int8", "int4"), quant_group_size=32, kv_quant=("int8",),
+                   kv_gather_tokens=(64, 1024))
     profile = Profiler(config, grid=grid).run(tmp_path / "q.jsonl")
     points = {(m.get("weight_dtype"), m.get("n"), m.get("k"), m.get("m")): m.time_s for m in profile.of("gemm_quant")}
     assert {w for w, *_ in points} == {"int8", "int4"}
@@ -147,6 +148,15 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     quant_sum = sum(points[("int8", n, k, 8)] for n, k in linears.values())
     float_sum = sum(model.predict_gemm(8, n, k, "fp32").time_s for n, k in linears.values())
     assert int8_ops - fp32_ops == pytest.approx(quant_sum - float_sum, rel=1e-6)
+
+    # An int8 KV cache: reads cost what the profile's dequantizing gathers cost over plain ones.
+    gathers = {(m.get("kv_dtype"), m.get("tokens")): m.time_s for m in profile.of("kv_gather")}
+    assert set(gathers) == {(kv, t) for kv in ("none", "int8") for t in (64, 1024)}
+    plain = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16)
+    quantized = StepTimer(model, spec, 1, 1, "fp32", None, "int8", 16)
+    extra = max(0.0, gathers[("int8", 1024)] - gathers[("none", 1024)]) * spec.num_layers
+    assert quantized.decode_attention(8, 1024) - plain.decode_attention(8, 1024) == pytest.approx(extra)
+    assert quantized.prefill_attention(64, 1024) - plain.prefill_attention(64, 1024) == pytest.approx(extra)
 
 
 def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) -> None:
