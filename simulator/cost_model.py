@@ -648,7 +648,8 @@ class CostModel:
         if verifying:
             self.add_verify_attention(cost, len(verifying), max(c.num_tokens for c in verifying),
                                       sum(c.context_len for c in verifying), model, tp, dtype)
-        self.add_head(cost, sum(1 for c in chunks if c.samples), model, tp, dtype)
+        # Every verified row goes through the LM head (and is compared), not only the sampled one.
+        self.add_head(cost, sum((c.num_tokens if c.verify else 1) for c in chunks if c.samples), model, tp, dtype)
         if include_host:
             operators_s = cost.total_s
             cost.add("step_overhead", self.predict_step_overhead(len(chunks)))

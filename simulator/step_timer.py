@@ -241,7 +241,7 @@ class StepTimer:
         return self._record(parts) if parts is not None else 0.0
 
     def _parts(self, chunks: Seq[ScheduledChunk]) -> "_StepParts | None":
-        tokens = sampled = decodes = decode_context = prefill_tokens = 0
+        tokens = sampled = decodes = decode_context = prefill_tokens = head_rows = 0
         prefill_s = 0.0
         keys = prefill_context = 0
         padded = self._pads
@@ -263,6 +263,7 @@ class StepTimer:
                 verify += 1
                 verify_context += start + n
                 verify_queries = max(verify_queries, n)
+                head_rows += n - 1  # every verified row goes through the LM head, not just the sampled one
                 keys += n * start + n * (n + 1) // 2
                 prefill_context += start + n
             else:
@@ -284,8 +285,8 @@ class StepTimer:
         if verify:  # one padded batch (engine/attention.py VerifyBatch), counted as one more group
             decode_s += self.verify_attention(verify, verify_queries, verify_context)
             groups += 1
-        return self._complete(tokens, sampled, decodes + verify, decode_context, prefill_tokens, prefill_s, keys,
-                              prefill_context, len(chunks), decode_s, groups)
+        return self._complete(tokens, sampled + head_rows, decodes + verify, decode_context, prefill_tokens,
+                              prefill_s, keys, prefill_context, len(chunks), decode_s, groups)
 
     def _complete(self, tokens: int, sampled: int, decodes: int, decode_context: int, prefill_tokens: int,
                   prefill_s: float, keys: int, prefill_context: int, num_chunks: int, decode_s: float,
