@@ -48,6 +48,10 @@ PARAMS_FILE = Path(__file__).parent / "catalog" / "efficiency.json"
 FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_prefill_s", "step_per_group_s",
                    "step_per_token_s", "layer_s", "layer_per_chunk_s", "layer_per_prefill_s", "layer_per_group_s",
                    "layer_per_token_s")
+# A speculative verification step's own overhead (per step and per layer: in situ it follows the
+# draft's forwards, which evict the target's weights from the caches). Fitted only where
+# verification steps were observed (calibrate/spec_steps.py), zero otherwise.
+VERIFY_TERMS = ("step_per_verify_s", "layer_per_verify_s")
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
 
@@ -563,7 +567,7 @@ class CostModel:
                           self.errors[provenance])
 
     def predict_framework(self, num_chunks: int, tokens: int, layers: int, operators_s: float = 0.0,
-                          prefill_chunks: int = 0, decode_groups: int = 0) -> Prediction:
+                          prefill_chunks: int = 0, decode_groups: int = 0, verifying: int = 0) -> Prediction:
         """What a whole step costs beyond the sum of its operators (operators_s): input
         preparation, Python and framework dispatch per layer and per step, and the operators'
         in-situ speed relative to their isolated timings (operator_scale). Zero without
@@ -572,7 +576,7 @@ class CostModel:
         if not f:
             return Prediction(0.0, "extrapolated", 0.0)
         t = (f["operator_scale"] - 1.0) * operators_s + framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens,
-                                                                         layers)
+                                                                         layers, verifying)
         return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
 
     def fit_framework(self, profile: Profile, steps: Sequence[StepObservation] = ()) -> None:
@@ -591,15 +595,20 @@ class CostModel:
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
-        rows, measured, has_prefill = [], [], []
+        rows, measured, has_prefill, verify_rows = [], [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
-            chunks, tokens, prefills, groups = host_features(o.chunks, o.block_size)
+            chunks, tokens, prefills, groups, verifying = host_features(o.chunks, o.block_size)
             layers = o.model.num_layers
             features = [1.0, chunks, prefills, groups, tokens]
             rows.append([ops, *features, *(layers * x for x in features)])
+            verify_rows.append([verifying, layers * verifying])
             measured.append(o.forward_s)
             has_prefill.append(prefills > 0)
+        terms = FRAMEWORK_TERMS
+        if any(v for v, _ in verify_rows):
+            rows = [row + v for row, v in zip(rows, verify_rows)]
+            terms = FRAMEWORK_TERMS + VERIFY_TERMS
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
@@ -611,7 +620,7 @@ class CostModel:
             balance[prefill] = np.sqrt((~prefill).sum() / prefill.sum())
         weights = balance / np.array(measured)
         coefficients, _ = nnls(np.array(rows) * weights[:, None], np.array(measured) * weights)
-        self.framework = dict(zip(FRAMEWORK_TERMS, (float(c) for c in coefficients)))
+        self.framework = dict(zip(terms, (float(c) for c in coefficients)))
 
     def predict(self, op: str, **params) -> Prediction:
         """Any operator by its profile name and keys (as in simulator/profile.py)."""
@@ -653,9 +662,9 @@ class CostModel:
         if include_host:
             operators_s = cost.total_s
             cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
-            num_chunks, tokens, prefills, groups = host_features(chunks, block_size)
+            num_chunks, tokens, prefills, groups, verifying = host_features(chunks, block_size)
             cost.add("framework", self.predict_framework(num_chunks, tokens, model.num_layers, operators_s, prefills,
-                                                         groups))
+                                                         groups, verifying))
         return cost
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.
@@ -744,21 +753,25 @@ class CostModel:
 
 
 def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,
-                       layers: int) -> float:
+                       layers: int, verifying: int = 0) -> float:
     """The additive terms of CostModel.framework (per step, and per layer)."""
-    return (f["step_s"] + f["step_per_chunk_s"] * num_chunks + f["step_per_prefill_s"] * prefill_chunks
-            + f["step_per_group_s"] * decode_groups + f["step_per_token_s"] * tokens
-            + layers * (f["layer_s"] + f["layer_per_chunk_s"] * num_chunks + f["layer_per_prefill_s"] * prefill_chunks
-                        + f["layer_per_group_s"] * decode_groups + f["layer_per_token_s"] * tokens))
+    t = (f["step_s"] + f["step_per_chunk_s"] * num_chunks + f["step_per_prefill_s"] * prefill_chunks
+         + f["step_per_group_s"] * decode_groups + f["step_per_token_s"] * tokens
+         + layers * (f["layer_s"] + f["layer_per_chunk_s"] * num_chunks + f["layer_per_prefill_s"] * prefill_chunks
+                     + f["layer_per_group_s"] * decode_groups + f["layer_per_token_s"] * tokens))
+    if verifying and "step_per_verify_s" in f:
+        t += f["step_per_verify_s"] + layers * f["layer_per_verify_s"]
+    return t
 
 
-def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int, int, int, int]:
-    """What the framework terms scale with: (chunks, tokens, prefill chunks, attention groups) --
-    verification chunks are attended in one batch like decodes, so they add a group, not prefills."""
+def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int, int, int, int, int]:
+    """What the framework terms scale with: (chunks, tokens, prefill chunks, attention groups,
+    whether the step verifies drafts) -- verification chunks are attended in one batch like
+    decodes, so they add a group, not prefills."""
     prefills = sum(1 for c in chunks if c.num_tokens > 1 and not c.verify)
     verifying = any(c.num_tokens > 1 and c.verify for c in chunks)
     return (len(chunks), sum(c.num_tokens for c in chunks), prefills,
-            decode_group_count(chunks, block_size) + (1 if verifying else 0))
+            decode_group_count(chunks, block_size) + (1 if verifying else 0), int(verifying))
 
 
 def decode_group_count(chunks: Sequence[Chunk], block_size: int | None) -> int:

@@ -168,11 +168,13 @@ class StepTimer:
             return cost.total_s
         return self._memo(self._head, sampled, compute)
 
-    def overhead(self, num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int) -> float:
+    def overhead(self, num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,
+                 verifying: int = 0) -> float:
         """Host-side time: the scheduler's, and the framework's per-step and per-layer overhead
         (the additive terms of CostModel.predict_framework)."""
         f = self.cost_model.framework
-        framework = framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens, self._layers) if f else 0.0
+        framework = framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens, self._layers,
+                                       verifying) if f else 0.0
         return framework + self._memo(self._overhead, num_chunks,
                                       lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
 
@@ -286,11 +288,11 @@ class StepTimer:
             decode_s += self.verify_attention(verify, verify_queries, verify_context)
             groups += 1
         return self._complete(tokens, sampled + head_rows, decodes + verify, decode_context, prefill_tokens,
-                              prefill_s, keys, prefill_context, len(chunks), decode_s, groups)
+                              prefill_s, keys, prefill_context, len(chunks), decode_s, groups, 1 if verify else 0)
 
     def _complete(self, tokens: int, sampled: int, decodes: int, decode_context: int, prefill_tokens: int,
                   prefill_s: float, keys: int, prefill_context: int, num_chunks: int, decode_s: float,
-                  groups: int) -> "_StepParts":
+                  groups: int, verifying: int = 0) -> "_StepParts":
         """The token-proportional, head and host parts of a step whose attention is known."""
         compute_s, comm_s = self.token_ops(tokens)
         head_s = self.head(sampled) if sampled else 0.0
@@ -298,7 +300,7 @@ class StepTimer:
             scale = self._operator_scale
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)
-        overhead_s = self.overhead(num_chunks, num_chunks - decodes, groups, tokens)
+        overhead_s = self.overhead(num_chunks, num_chunks - decodes, groups, tokens, verifying)
         return _StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
                           self._flops_per_token * tokens + self._flops_per_sample * sampled
                           + self._attention_flops_per_key * (keys + decode_context),

@@ -174,3 +174,32 @@ def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) 
     assert two.by_operator["attention_verify"] == pytest.approx(2 * expected)
     # Plain decodes are untouched by it.
     assert "attention_verify" not in model.step_time([Chunk(1, 128)] * 4, spec, dtype="fp32").by_operator
+
+
+def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile) -> None:
+    """Steps that verify drafts, observed 1 ms slower than their operators say (the draft ran in
+    between), fit the verification terms; plain steps keep their fit (zero verify terms without
+    such observations)."""
+    from simulator.cost_model import StepObservation
+
+    profile, path = tiny_profile
+    spec = ModelSpec.from_hf_dict(TINY, "tiny")
+    plain_model = CostModel.load("cpu-local", profile=path)
+    assert "step_per_verify_s" not in plain_model.framework
+    steps = []
+    for batch in (1, 2, 4):
+        for context in (32, 64, 128):
+            plain = [Chunk(1, context)] * batch
+            verify = [Chunk(3, context, verify=True)] * batch
+            steps.append(StepObservation(plain, spec, "fp32", 16, plain_model.step_time(plain, spec, dtype="fp32",
+                                                                                          block_size=16).total_s))
+            steps.append(StepObservation(verify, spec, "fp32", 16, plain_model.step_time(
+                verify, spec, dtype="fp32", block_size=16).total_s + 1e-3))
+    fitted = CostModel.load("cpu-local", profile=path)
+    fitted.fit_framework(Profile.load(path), steps)
+    extra = fitted.framework["step_per_verify_s"] + spec.num_layers * fitted.framework["layer_per_verify_s"]
+    assert extra == pytest.approx(1e-3, rel=0.25)
+    verify = [Chunk(3, 64, verify=True)] * 2
+    gap = (fitted.step_time(verify, spec, dtype="fp32", block_size=16).total_s
+           - plain_model.step_time(verify, spec, dtype="fp32", block_size=16).total_s)
+    assert gap == pytest.approx(1e-3, rel=0.3)
