@@ -59,6 +59,7 @@ def generate(
     dtype: str = typer.Option("float32"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each; gloo on CPU, NCCL on GPUs)"),
     quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
+    quant_group_size: int = typer.Option(128, help="int4 group size (32, 64, 128 or 256)"),
     kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
@@ -78,7 +79,8 @@ def generate(
                               max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                               enable_chunked_prefill=chunked_prefill, device=device, dtype=dtype, seed=seed,
                               max_model_len=max_total_tokens if model is None else None, tensor_parallel_size=tp,
-                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+                              quantization=quantization, quant_group_size=quant_group_size,
+                              kv_cache_dtype=kv_cache_dtype)
         if model is None:
             engine = LLMEngine.from_config(DEMO_MODEL, config, seed=seed)
         elif model.is_dir() and any(model.glob("*.safetensors")):

@@ -248,8 +248,11 @@ def check_quantization(mode: str, group_size: int, in_features: int | None = Non
         if group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
         if in_features is not None and in_features % group_size:
-            raise ValueError(f"int4 with group size {group_size} needs every layer's input width to be a "
-                             f"multiple of it; a layer has {in_features}: pick a group size that divides it")
+            fitting = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
+            fix = (f"use quant_group_size in {fitting}" if fitting else
+                   "no int4 group size divides it: use int8 or fp8")
+            raise ValueError(f"int4 with group size {group_size} needs every layer's input width (per "
+                             f"tensor-parallel shard) to be a multiple of it; a layer has {in_features}: {fix}")
 
 
 @dataclass(frozen=True)
