@@ -145,7 +145,9 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     int8_ops = StepTimer(model, spec, 1, 1, "fp32", "int8", "fp32", 16).token_ops(8)[0]
     fp32_ops = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16).token_ops(8)[0]
     linears = {name: (n, k) for name, (n, k) in spec.linear_shapes().items() if name != "lm_head"}
-    quant_sum = sum(points[("int8", n, k, 8)] for n, k in linears.values())
+    quant_sum = sum(model.predict_gemm(8, n, k, "fp32", weight_dtype="int8").time_s for n, k in linears.values())
+    assert all(model.predict_gemm(8, n, k, "fp32", weight_dtype="int8").provenance == "measured"
+               for n, k in linears.values())
     float_sum = sum(model.predict_gemm(8, n, k, "fp32").time_s for n, k in linears.values())
     assert int8_ops - fp32_ops == pytest.approx(quant_sum - float_sum, rel=1e-6)
 
@@ -154,7 +156,9 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     assert set(gathers) == {(kv, t) for kv in ("none", "int8") for t in (64, 1024)}
     plain = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16)
     quantized = StepTimer(model, spec, 1, 1, "fp32", None, "int8", 16)
-    extra = max(0.0, gathers[("int8", 1024)] - gathers[("none", 1024)]) * spec.num_layers
+    # (each series is read as never falling with size: a noisy point reads as the one below it)
+    envelope = {kv: max(gathers[(kv, 64)], gathers[(kv, 1024)]) for kv in ("none", "int8")}
+    extra = max(0.0, envelope["int8"] - envelope["none"]) * spec.num_layers
     assert quantized.decode_attention(8, 1024) - plain.decode_attention(8, 1024) == pytest.approx(extra)
     assert quantized.prefill_attention(64, 1024) - plain.prefill_attention(64, 1024) == pytest.approx(extra)
 
@@ -165,9 +169,10 @@ def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) 
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
     points = {(m.get("batch"), m.get("kv_len")): m.time_s for m in profile.of("attention_verify")}
     assert {b for b, _ in points} == {1, 4} and all(m.get("q_len") == 3 for m in profile.of("attention_verify"))
-    # Four chunks of 3 tokens ending at context 128: exactly the measured point, every layer.
+    # Four chunks of 3 tokens ending at context 128: the measured point, every layer (a series never
+    # falls with context: a noisy point below a shorter context's reads as that one).
     step = model.step_time([Chunk(3, 128, verify=True)] * 4, spec, dtype="fp32", include_host=False)
-    assert step.by_operator["attention_verify"] == pytest.approx(2 * points[(4, 128)])
+    assert step.by_operator["attention_verify"] == pytest.approx(2 * max(points[(4, 32)], points[(4, 128)]))
     # Two chunks: between the measured batches of one and four, linearly.
     two = model.step_time([Chunk(3, 32, verify=True)] * 2, spec, dtype="fp32", include_host=False)
     expected = points[(1, 32)] + (points[(4, 32)] - points[(1, 32)]) / 3
