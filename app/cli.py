@@ -301,11 +301,13 @@ def import_vidur(
 
 
 def _register() -> None:
+    from app.plan_command import plan_command
     from app.simulate_command import simulate_command
     from app.spec_pair_command import acceptance_command, train_pair_command
     from app.validate_command import validate_command
 
     app.command("simulate")(simulate_command)
+    app.command("plan")(plan_command)
     app.command("validate")(validate_command)
     app.command("train-pair")(train_pair_command)
     app.command("acceptance")(acceptance_command)

@@ -1,0 +1,72 @@
+"""Running a plan: every (candidate, traffic growth) point through an executor, finished points
+kept in a study file as they finish. No torch.
+
+The executor is local processes by default (one simulation per core at a time); with workers=0
+everything runs in this process (tests, debugging). A point whose worker crashes is reported
+with the error and the others go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, plan_candidate, recommend
+from simulator.study import Study, point_key
+
+WORKER_FAILED = "worker failed"
+
+
+@dataclass
+class PlanResult:
+    results: list[CandidateResult]  # every point, feasible or not, in candidate then growth order
+    reused: int  # points read back from the study instead of simulated
+
+    def at(self, rate_scale: float) -> list[CandidateResult]:
+        return [r for r in self.results if r.rate_scale == rate_scale]
+
+    def recommendation(self, rate_scale: float = 1.0) -> CandidateResult | None:
+        return recommend(self.at(rate_scale))
+
+    def pareto(self, rate_scale: float = 1.0) -> list[CandidateResult]:
+        return pareto_front(self.at(rate_scale))
+
+
+def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[float] = (1.0,), workers: int = 0,
+             study: Study | None = None, progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    """Plan every candidate at every traffic growth factor; progress(done, total) as points finish."""
+    points = [(c, g) for c in candidates for g in growth]
+    done: dict[int, CandidateResult] = {}
+    for i, (c, g) in enumerate(points):
+        found = study.get(point_key(spec, c, g)) if study is not None else None
+        if found is not None:
+            done[i] = found
+    reused = len(done)
+    todo = [i for i in range(len(points)) if i not in done]
+    if progress is not None:
+        progress(len(done), len(points))
+
+    def finish(i: int, result: CandidateResult) -> None:
+        done[i] = result
+        crashed = (result.reason or "").startswith(WORKER_FAILED)
+        if study is not None and not crashed:  # a crashed point is recomputed on the next run
+            study.put(point_key(spec, *points[i]), result)
+        if progress is not None:
+            progress(len(done), len(points))
+
+    if workers <= 0:
+        for i in todo:
+            finish(i, plan_candidate(spec, *points[i]))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(plan_candidate, spec, *points[i]): i for i in todo}
+            for future in as_completed(futures):
+                i = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # noqa: BLE001 -- a crashed point is reported, the sweep goes on
+                    c, g = points[i]
+                    result = CandidateResult(c, g, feasible=False, reason=f"{WORKER_FAILED}: {type(exc).__name__}: {exc}")
+                finish(i, result)
+    return PlanResult([done[i] for i in range(len(points))], reused)
