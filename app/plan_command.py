@@ -128,9 +128,10 @@ def print_plan(result, factors: list[float]) -> None:
         out.print(table)
         best = result.recommendation(g)
         if best is not None:
+            headroom = f", headroom x{best.headroom:.2f}" if best.headroom else ""
             out.print(f"recommended at x{g:g}: {best.replicas} x {best.candidate.label} "
                       f"({_money(best.usd_per_hour)}/hour, {_money(best.usd_per_million_output_tokens)} per million "
-                      f"output tokens, headroom x{best.headroom:.2f})")
+                      f"output tokens{headroom})")
         for r in rows:
             if not r.feasible:
                 out.print(f"infeasible: {r.candidate.label}: {r.reason}")

@@ -54,6 +54,11 @@ def test_headroom_is_the_largest_rate_the_fleet_still_serves() -> None:
     assert not meets(run_summary(config, s.workload.scaled(result.headroom * 1.1)))
 
 
+def test_traffic_that_arrives_all_at_once_has_no_headroom() -> None:
+    result = plan_candidate(spec(trace="synthetic:num=40,input=256,output=64,rate=inf"), Candidate("h100-sxm"))
+    assert result.feasible and result.headroom is None
+
+
 def test_a_candidate_that_cannot_hold_the_model_is_reported_not_dropped() -> None:
     candidates = [Candidate("l40s"), Candidate("h100-sxm", tp=4)]
     plan = run_plan(spec(model="llama-3.1-70b"), candidates)
