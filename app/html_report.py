@@ -84,3 +84,30 @@ def simulation_report(path: Path, result) -> None:
              f"{s['quant']})")
     write_report(path, title, s, [latency_cdfs(result.requests), time_split_figure(s),
                                   timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)])
+
+
+def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figure:
+    """$/hour against E2E p99 of every feasible fleet at one traffic growth, the Pareto front joined."""
+    feasible = [r for r in rows if r["feasible"] and r["usd_per_hour"] is not None]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[r["usd_per_hour"] for r in feasible], y=[r["e2e_p99_s"] for r in feasible],
+                             mode="markers", name="fleets", text=[f"{r['replicas']} x {r['candidate']}" for r in feasible],
+                             hovertemplate="%{text}<br>$%{x:.2f}/hour<br>E2E p99 %{y:.2f} s<extra></extra>"))
+    on_front = sorted((r for r in feasible if r["candidate"] in front), key=lambda r: r["usd_per_hour"])
+    fig.add_trace(go.Scatter(x=[r["usd_per_hour"] for r in on_front], y=[r["e2e_p99_s"] for r in on_front],
+                             mode="lines+markers", name="Pareto front", text=[r["candidate"] for r in on_front]))
+    fig.update_layout(title=f"Cost vs latency at traffic x{growth:g}", xaxis_title="$ per hour",
+                      yaxis_title="E2E p99 (s)", height=420)
+    return fig
+
+
+def plan_report(path: Path, document: dict) -> None:
+    """The plan: the Pareto chart per traffic growth, then the whole plan as JSON."""
+    figures = []
+    for g in document["growth"]:
+        rows = [r for r in document["candidates"] if r["rate_scale"] == g]
+        figures.append(pareto_figure(rows, document["pareto"][str(g)], g))
+    best = document["recommendation"].get(str(document["growth"][0]))
+    notes = (f"Recommended: {best['replicas']} x {best['candidate']} at ${best['usd_per_hour']:.2f}/hour"
+             if best else "No candidate meets the SLOs.")
+    write_report(path, f"servecast plan: {document['model']} under {document['slo']}", document, figures, notes)

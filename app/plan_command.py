@@ -57,7 +57,7 @@ def plan_command(
     study: Optional[Path] = typer.Option(None, help="SQLite file of finished points: a rerun resumes from it"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout, nothing else"),
-    out: Optional[Path] = typer.Option(None, help="write plan.json and candidates.csv here"),
+    out: Optional[Path] = typer.Option(None, help="write plan.json, candidates.csv and report.html here"),
 ) -> None:
     """Find the cheapest fleet that meets the SLOs: the fewest replicas of every candidate deployment."""
     from app.cli import console, fail
@@ -104,8 +104,11 @@ def plan_command(
         import pandas as pd
 
         out.mkdir(parents=True, exist_ok=True)
+        from app.html_report import plan_report
+
         (out / "plan.json").write_text(json.dumps(jsonable(document), indent=2))
         pd.DataFrame(document["candidates"]).to_csv(out / "candidates.csv", index=False)
+        plan_report(out / "report.html", jsonable(document))
     if as_json:
         typer.echo(json.dumps(jsonable(document), indent=2))
         return

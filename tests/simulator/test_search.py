@@ -3,12 +3,8 @@ infeasible candidates reported, finished points resumed from the study file."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from typer.testing import CliRunner
 
-from app.cli import app
 from simulator.planner import run_plan
 from simulator.search import Candidate, PlanSpec, meets, pareto_front, plan_candidate, run_summary
 from simulator.study import Study
@@ -103,19 +99,3 @@ def test_local_processes_give_the_same_plan_as_one_process() -> None:
     one = run_plan(spec(), candidates, growth=(1.0, 2.0))
     pool = run_plan(spec(), candidates, growth=(1.0, 2.0), workers=2)
     assert [r.row() for r in pool.results] == [r.row() for r in one.results]
-
-
-def test_plan_cli_json_and_bad_input(tmp_path) -> None:
-    runner = CliRunner()
-    args = ["plan", "--trace", TRACE, "--hardware", "h100-sxm,a100-80gb", "--quant", "bf16,fp8", "--tp", "1",
-            "--workers", "0"]
-    result = runner.invoke(app, [*args, "--json", "--out", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    plan = json.loads(result.stdout)
-    assert plan["recommendation"]["1.0"]["feasible"] and len(plan["candidates"]) == 4
-    assert any("no fp8 tensor cores" in (c["reason"] or "") for c in plan["candidates"])
-    assert (tmp_path / "plan.json").exists() and (tmp_path / "candidates.csv").exists()
-    for bad, message in ((["--hardware", "h900"], "unknown hardware"), (["--slo", "ttft_p99=fast"], "not a duration"),
-                         (["--tp", "two"], "--tp takes a comma-separated list"), (["--growth", "0"], "positive")):
-        result = runner.invoke(app, [*args, *bad])
-        assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
