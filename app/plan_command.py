@@ -42,6 +42,23 @@ def parse_list(text: str, kind, option: str) -> list:
     return values
 
 
+def parse_speculation(text: str) -> dict:
+    """'none' | 'ngram:G:A' | 'draft:G:A:MODEL' -> Candidate fields."""
+    if text == "none":
+        return {}
+    parts = text.split(":")
+    try:
+        if parts[0] == "ngram" and len(parts) == 3:
+            return dict(speculative="ngram", num_speculative_tokens=int(parts[1]), acceptance=float(parts[2]))
+        if parts[0] == "draft" and len(parts) == 4:
+            return dict(speculative="draft", num_speculative_tokens=int(parts[1]), acceptance=float(parts[2]),
+                        draft_model=parts[3])
+    except ValueError:
+        pass
+    raise ValueError(f"--speculation {text!r}: write none, ngram:G:A (e.g. ngram:4:0.6) or draft:G:A:MODEL "
+                     "(e.g. draft:4:0.7:llama-2-7b)")
+
+
 def plan_command(
     model: str = typer.Option(DEFAULT_MODEL, help="catalog model id or an HF config.json path"),
     trace: Optional[str] = typer.Option(None, help="trace (as in simulate); default: 400 requests of the bundled "
@@ -51,6 +68,9 @@ def plan_command(
                                                       "priced catalog GPU)"),
     quant: str = typer.Option("bf16,fp8", help="candidate weight precisions"),
     tp: str = typer.Option("1,2,4,8", help="candidate tensor-parallel sizes"),
+    pp: str = typer.Option("1", help="candidate pipeline-parallel sizes"),
+    speculation: str = typer.Option("none", help="candidate speculative decoding: none, ngram:G:A (G draft tokens, "
+                                                 "acceptance rate A) or draft:G:A:MODEL, comma-separated"),
     growth: str = typer.Option("1", help="traffic growth factors to plan for, e.g. 1,2,4"),
     max_replicas: int = typer.Option(256, help="give up on a candidate beyond this many replicas"),
     workers: int = typer.Option(max(1, (os.cpu_count() or 1)), help="local processes (0: in this process)"),
@@ -75,8 +95,9 @@ def plan_command(
         hardware_ids = parse_list(hardware, str, "--hardware") if hardware else priced_gpus()
         for h in hardware_ids:
             get_accelerator(h)  # an unknown id is bad input, not an infeasible candidate
-        candidates = [Candidate(h, q, t) for h in hardware_ids for q in parse_list(quant, str, "--quant")
-                      for t in parse_list(tp, int, "--tp")]
+        options = [parse_speculation(x) for x in parse_list(speculation, str, "--speculation")]
+        candidates = [Candidate(h, q, t, p, **o) for h in hardware_ids for q in parse_list(quant, str, "--quant")
+                      for t in parse_list(tp, int, "--tp") for p in parse_list(pp, int, "--pp") for o in options]
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
