@@ -1,0 +1,1 @@
+"""The Streamlit app (`servecast app`): pages over the planner and the simulator."""

@@ -1,0 +1,11 @@
+"""servecast app: `servecast app` (streamlit run app/dashboard/main.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+here = Path(__file__).parent
+st.set_page_config(page_title="servecast", layout="wide")
+st.navigation([st.Page(here / "plan_page.py", title="Plan"), st.Page(here / "trace_page.py", title="Trace")]).run()

@@ -1,0 +1,87 @@
+"""Plan page: the cheapest fleet that meets the SLOs for a trace, with the cost/latency trade-off."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app.dashboard.widgets import trace_input
+from app.html_report import pareto_figure
+from app.plan_command import priced_gpus
+from simulator.catalog.models import catalog_model_ids
+from simulator.planner import run_plan
+from simulator.search import Candidate, PlanSpec
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: tuple, growth: tuple,
+                workers: int) -> list[dict]:
+    """Rows of a plan; a repeated question (same inputs) is answered from the cache at once."""
+    spec = PlanSpec(model, _workload, dict(slo))
+    result = run_plan(spec, [Candidate(*c) for c in candidates], growth, workers=workers)
+    return [r.row() for r in result.results]
+
+
+def main() -> None:
+    st.title("Plan: the cheapest fleet that meets the SLOs")
+    models = catalog_model_ids()
+    model = st.selectbox("Model", models, index=models.index("llama-3.1-8b") if "llama-3.1-8b" in models else 0)
+    workload, trace_key = trace_input("plan")
+    gpus = priced_gpus()
+    with st.form("plan_form"):
+        col1, col2 = st.columns(2)
+        ttft = col1.number_input("TTFT p99 SLO (s)", 0.01, 120.0, 2.0, key="ttft")
+        tpot = col2.number_input("TPOT p99 SLO (ms)", 1.0, 10000.0, 100.0, key="tpot")
+        hardware = st.multiselect("Hardware", gpus, default=[g for g in ("h100-sxm", "a100-80gb", "l40s") if g in gpus],
+                                  key="hardware")
+        quant = st.multiselect("Weight precision", ["bf16", "fp8", "int8", "int4"], default=["bf16", "fp8"],
+                               key="quant")
+        tp = st.multiselect("Tensor parallelism", [1, 2, 4, 8], default=[1, 2], key="tp")
+        growth = st.multiselect("Traffic growth", [1.0, 2.0, 4.0], default=[1.0], key="growth")
+        submitted = st.form_submit_button("Plan")
+    if workload is None:
+        return
+    if submitted:
+        if not (hardware and quant and tp and growth):
+            st.warning("Choose at least one hardware, precision, TP size and growth factor.")
+            return
+        candidates = tuple((h, q, t) for h in hardware for q in quant for t in tp)
+        slo = (("ttft_p99", float(ttft)), ("tpot_p99", float(tpot) / 1e3))
+        with st.spinner(f"planning {len(candidates) * len(growth)} points"):
+            rows = cached_plan(model, trace_key, workload, slo, candidates, tuple(sorted(growth)), 0)
+        st.session_state["plan"] = (rows, sorted(growth))
+    if "plan" in st.session_state:
+        show(*st.session_state["plan"])
+    else:
+        st.info("Set the SLOs and candidates, then press Plan.")
+
+
+def show(rows: list[dict], growth: list[float]) -> None:
+    for g in growth:
+        at = [r for r in rows if r["rate_scale"] == g]
+        feasible = [r for r in at if r["feasible"] and r["usd_per_hour"] is not None]
+        st.subheader(f"Traffic x{g:g}")
+        if not feasible:
+            st.error("No candidate meets the SLOs at this traffic; see the reasons below.")
+        else:
+            best = min(feasible, key=lambda r: (r["usd_per_hour"], r["e2e_p99_s"]))
+            st.success(f"Recommended: {best['replicas']} x {best['candidate']} -- ${best['usd_per_hour']:.2f}/hour, "
+                       f"${best['usd_per_million_output_tokens']:.2f} per million output tokens")
+            front = [r["candidate"] for r in feasible
+                     if not any(o["usd_per_hour"] <= r["usd_per_hour"] and o["e2e_p99_s"] <= r["e2e_p99_s"]
+                                and (o["usd_per_hour"] < r["usd_per_hour"] or o["e2e_p99_s"] < r["e2e_p99_s"])
+                                for o in feasible)]
+            st.plotly_chart(pareto_figure(at, front, g), key=f"pareto_{g}")
+        table = pd.DataFrame(at)[["candidate", "feasible", "replicas", "gpus", "usd_per_hour",
+                                  "usd_per_million_output_tokens", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s",
+                                  "headroom", "reason"]]
+        st.dataframe(table, hide_index=True)
+        st.download_button("candidates (CSV)", table.to_csv(index=False), f"plan_x{g:g}.csv", "text/csv",
+                           key=f"csv_{g}")
+    st.download_button("whole plan (JSON)", json.dumps(rows, indent=2, default=str), "plan.json", "application/json",
+                       key="json_all")
+
+
+main()

@@ -1,0 +1,70 @@
+"""The Streamlit app: every page renders, widgets change the answer, bad input shows the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.dashboard.inputs import MAX_UPLOAD_BYTES, workload_from_upload
+from simulator.workload import WorkloadError
+
+PAGES = Path(__file__).resolve().parents[2] / "app" / "dashboard"
+
+
+def page(name: str) -> AppTest:
+    at = AppTest.from_file(str(PAGES / name), default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_the_app_and_its_pages_render() -> None:
+    page("main.py")
+    plan = page("plan_page.py")
+    assert "press Plan" in plan.info[0].value
+    trace = page("trace_page.py")
+    assert trace.metric[0].value == "200"
+
+
+def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
+    at = page("plan_page.py")
+    at.number_input(key="plan_num").set_value(60)
+    at.multiselect(key="quant").set_value(["bf16"])
+    at.multiselect(key="tp").set_value([1])
+    at.multiselect(key="hardware").set_value(["h100-sxm"])
+    at.button[0].click().run()
+    assert not at.exception and "h100-sxm bf16 tp=1" in at.success[0].value
+    at.multiselect(key="hardware").set_value(["l4"])
+    at.button[0].click().run()
+    assert "x l4 bf16 tp=1" in at.success[0].value
+    assert len(at.dataframe) == 1 and len(at.get("download_button")) == 2
+
+
+def test_a_bad_trace_spec_shows_its_reason_and_nothing_crashes() -> None:
+    at = page("plan_page.py")
+    at.radio(key="plan_src").set_value("trace spec").run()
+    at.text_input(key="plan_spec").set_value("synthetic:num=abc,input=10,output=10,rate=1").run()
+    assert not at.exception and at.error and "num" in at.error[0].value
+
+
+def test_the_trace_page_follows_the_rate() -> None:
+    at = page("trace_page.py")
+    at.number_input(key="trace_rate").set_value(20.0).run()
+    assert not at.exception
+    assert abs(float(at.metric[1].value) - 20.0) < 4.0  # a 200-request Poisson draw at 20 req/s
+
+
+def test_uploads_are_validated_with_the_line_and_the_fix() -> None:
+    good = workload_from_upload("lengths.csv", b"prompt_tokens,output_tokens\n10,20\n30,40\n5,6\n", rate=2.0)
+    assert len(good) == 3
+    with pytest.raises(WorkloadError, match=r"lengths\.csv:3: prompt_tokens must be a whole number") as bad:
+        workload_from_upload("lengths.csv", b"prompt_tokens,output_tokens\n10,20\nabc,40\n", rate=2.0)
+    assert "/tmp" not in str(bad.value)  # named as uploaded, not by its temporary copy
+    with pytest.raises(WorkloadError, match="upload a .csv"):
+        workload_from_upload("trace.parquet", b"x", rate=1.0)
+    with pytest.raises(WorkloadError, match="limit"):
+        workload_from_upload("big.csv", b"x" * (MAX_UPLOAD_BYTES + 1), rate=1.0)
+    with pytest.raises(WorkloadError, match="empty"):
+        workload_from_upload("empty.csv", b"\n", rate=1.0)
