@@ -32,3 +32,46 @@ def trace_input(key: str):
     except WorkloadError as exc:
         st.error(str(exc))
         return None, None
+
+
+def fleet_input(key: str, defaults: dict | None = None) -> dict:
+    """One fleet configuration (SimConfig fields) chosen on the page."""
+    from app.plan_command import priced_gpus
+    from simulator.catalog.models import catalog_model_ids
+
+    d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "replicas": 1, **(defaults or {})}
+    gpus, models = priced_gpus(), catalog_model_ids()
+    c1, c2, c3, c4, c5 = st.columns(5)
+    return {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
+            "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
+            "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
+                                  index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant"),
+            "tp": c4.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(d["tp"]), key=f"{key}_tp"),
+            "replicas": int(c5.number_input("Replicas", 1, 512, d["replicas"], key=f"{key}_replicas"))}
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_simulation(fields: tuple, trace_key: str, _workload):
+    """A SimResult for these SimConfig fields and this workload (cached: a repeated question is instant)."""
+    from simulator.run import simulate
+    from simulator.sim_config import SimConfig
+
+    return simulate(SimConfig(**dict(fields)), _workload)
+
+
+def simulate_fleet(fields: dict, workload, trace_key: str):
+    """The simulation, or None after showing why the configuration cannot run."""
+    from pydantic import ValidationError
+
+    from app.simulate_command import validation_message
+    from simulator.sim_config import SimConfig
+
+    try:
+        SimConfig(**fields).check()
+    except ValidationError as exc:
+        st.error(validation_message(exc))
+        return None
+    except ValueError as exc:
+        st.error(str(exc))
+        return None
+    return cached_simulation(tuple(sorted(fields.items())), trace_key, workload)

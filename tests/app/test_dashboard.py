@@ -26,6 +26,10 @@ def test_the_app_and_its_pages_render() -> None:
     assert "press Plan" in plan.info[0].value
     trace = page("trace_page.py")
     assert trace.metric[0].value == "200"
+    explore = page("explore_page.py")
+    assert len(explore.metric) == 5 and len(explore.get("plotly_chart")) == 4
+    compare = page("compare_page.py")
+    assert list(compare.dataframe[0].value.columns) == ["metric", "A", "B"]
 
 
 def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
@@ -47,6 +51,25 @@ def test_a_bad_trace_spec_shows_its_reason_and_nothing_crashes() -> None:
     at.radio(key="plan_src").set_value("trace spec").run()
     at.text_input(key="plan_spec").set_value("synthetic:num=abc,input=10,output=10,rate=1").run()
     assert not at.exception and at.error and "num" in at.error[0].value
+
+
+def test_explore_follows_the_fleet_and_refuses_one_that_cannot_hold_the_model() -> None:
+    at = page("explore_page.py")
+    at.number_input(key="explore_rate").set_value(16.0).run()
+    one = at.metric[1].value  # TTFT p99 of one replica at twice the default rate
+    at.number_input(key="explore_replicas").set_value(4).run()
+    assert not at.exception and at.metric[1].value != one
+    at.selectbox(key="explore_model").set_value("llama-3.1-405b").run()
+    assert not at.exception and at.error and "weights" in at.error[0].value
+
+
+def test_compare_puts_two_fleets_side_by_side() -> None:
+    at = page("compare_page.py")
+    a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("A", "B"))
+    at.selectbox(key="b_hw").set_value("l40s").run()
+    assert not at.exception
+    assert at.dataframe[0].value["B"].tolist() != b_before  # B changed hardware ...
+    assert at.dataframe[0].value["A"].tolist() == a_before  # ... A did not
 
 
 def test_the_trace_page_follows_the_rate() -> None:
