@@ -9,4 +9,5 @@ import streamlit as st
 here = Path(__file__).parent
 st.set_page_config(page_title="servecast", layout="wide")
 st.navigation([st.Page(here / "plan_page.py", title="Plan"), st.Page(here / "explore_page.py", title="Explore"),
-               st.Page(here / "compare_page.py", title="Compare"), st.Page(here / "trace_page.py", title="Trace")]).run()
+               st.Page(here / "compare_page.py", title="Compare"), st.Page(here / "trace_page.py", title="Trace"),
+               st.Page(here / "calibration_page.py", title="Calibration")]).run()

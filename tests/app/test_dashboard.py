@@ -91,3 +91,28 @@ def test_uploads_are_validated_with_the_line_and_the_fix() -> None:
         workload_from_upload("big.csv", b"x" * (MAX_UPLOAD_BYTES + 1), rate=1.0)
     with pytest.raises(WorkloadError, match="empty"):
         workload_from_upload("empty.csv", b"\n", rate=1.0)
+
+
+def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_path, monkeypatch) -> None:
+    import json
+
+    folder = tmp_path / ".cache" / "servecast"
+    folder.mkdir(parents=True)
+    header = {"format": "servecast-profile", "version": 1, "hardware": "cpu-local",
+              "fingerprint": {"device_name": "test cpu", "dtype": "fp32", "threads": 1},
+              "peaks": {"matmul_flops": 1e11, "memory_bandwidth": 1e10}, "source": "test"}
+    point = {"op": "gemm", "m": 8, "n": 64, "k": 64, "dtype": "fp32", "time_s": 1e-5, "name": "qkv_proj"}
+    (folder / "mine.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(point) + "\n")
+    (folder / "notes.jsonl").write_text("not a profile\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    at = page("calibration_page.py")
+    listed = at.dataframe[0].value
+    assert listed["profile"].tolist() == [str(folder / "mine.jsonl")] and listed["measurements"].tolist() == [1]
+    provenance = at.dataframe[1].value
+    assert set(provenance["provenance"]) <= {"fitted", "extrapolated"}  # a catalog GPU without a profile
+    at.selectbox(key="cal_hw").set_value("cpu-local").run()
+    assert "pass its profile" in at.error[0].value
+    at.text_input(key="cal_profile").set_value(str(tmp_path / "missing.jsonl")).run()
+    assert "no profile at" in at.error[0].value
+    at.text_input(key="cal_validate").set_value(str(tmp_path)).run()
+    assert any("no errors.csv" in e.value for e in at.error) and not at.exception

@@ -1,0 +1,100 @@
+"""Calibration page: the profiles on hand, where each prediction comes from (measured, interpolated,
+fitted, extrapolated), and a validation report of the simulator against the real engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from simulator.catalog.hardware import load_hardware
+from simulator.catalog.models import catalog_model_ids, load_model
+from simulator.cost_model import Chunk, CostModel
+from simulator.profile import Profile
+
+PROFILE_PLACES = (Path.home() / ".cache" / "servecast",)
+
+
+@st.cache_data(show_spinner=False)
+def profiles_on_hand(places: tuple[str, ...]) -> pd.DataFrame:
+    rows = []
+    for place in places:
+        for path in sorted(Path(place).rglob("*.jsonl"))[:200]:
+            try:
+                profile = Profile.load(path)
+            except (ValueError, OSError):
+                continue  # not a profile (or not one this version reads): not listed
+            ops = Counter(m.op for m in profile.measurements)
+            rows.append({"profile": str(path), "hardware": profile.hardware,
+                         "device": profile.fingerprint.get("device_name"), "dtype": profile.fingerprint.get("dtype"),
+                         "threads": profile.fingerprint.get("threads"), "measurements": len(profile.measurements),
+                         "operators": ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))})
+    return pd.DataFrame(rows, columns=["profile", "hardware", "device", "dtype", "threads", "measurements", "operators"])
+
+
+def provenance_section() -> None:
+    st.header("Where a prediction comes from")
+    hardware_ids = [h for h, a in load_hardware().items()]
+    models = catalog_model_ids()
+    c1, c2, c3 = st.columns(3)
+    hardware = c1.selectbox("Hardware", hardware_ids, index=hardware_ids.index("h100-sxm"), key="cal_hw")
+    model = c2.selectbox("Model", models, index=models.index("llama-3.1-8b"), key="cal_model")
+    profile = c3.text_input("profile (.jsonl, needed for *-local)", "", key="cal_profile").strip() or None
+    c4, c5, c6 = st.columns(3)
+    batch = int(c4.number_input("decode batch (0: one prefill)", 0, 1024, 16, key="cal_batch"))
+    tokens = int(c5.number_input("prefill tokens / decode context", 1, 131072, 1024, key="cal_tokens"))
+    tp = int(c6.selectbox("TP", [1, 2, 4, 8], key="cal_tp"))
+    try:
+        if profile is not None and not Path(profile).is_file():
+            raise ValueError(f"no profile at {profile}: give the .jsonl `servecast profile` wrote")
+        spec = load_model(model)
+        if spec.num_heads % tp:
+            raise ValueError(f"TP {tp} does not divide the model's {spec.num_heads} attention heads")
+        cost_model = CostModel.load(hardware, profile=profile)
+        chunks = [Chunk(1, tokens)] * batch if batch else [Chunk(tokens, tokens)]
+        dtype = cost_model.profile.fingerprint.get("dtype", "bf16") if cost_model.profile is not None else "bf16"
+        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    table = pd.DataFrame([{"operator": name, "time_ms": t * 1e3, "share": t / step.total_s,
+                           "provenance": step.provenance[name], "expected_error": step.expected_error[name]}
+                          for name, t in sorted(step.by_operator.items(), key=lambda kv: -kv[1])])
+    st.metric("step time", f"{step.total_s * 1e3:,.3f} ms")
+    st.dataframe(table, hide_index=True)
+    measured = table.loc[table["provenance"].isin(["measured", "interpolated"]), "share"].sum()
+    st.caption(f"{measured:.0%} of this step's time is read from measurements (measured or interpolated); "
+               "the rest is fitted or extrapolated from the catalog's roofline and efficiency curves")
+
+
+def validation_section() -> None:
+    st.header("Validation report")
+    folder = st.text_input("a `servecast validate --out` folder", "", key="cal_validate").strip()
+    if not folder:
+        st.caption("Run `servecast validate --out DIR` and give DIR here to see predicted vs measured.")
+        return
+    errors = Path(folder) / "errors.csv"
+    if not errors.is_file():
+        st.error(f"no errors.csv in {folder}: give the folder `servecast validate --out` wrote")
+        return
+    st.dataframe(pd.read_csv(errors), hide_index=True)
+    report = Path(folder) / "report.html"
+    if report.is_file():
+        st.download_button("report.html", report.read_bytes(), "validation-report.html", "text/html")
+
+
+def main() -> None:
+    st.title("Calibration")
+    st.header("Profiles on hand")
+    found = profiles_on_hand(tuple(str(p) for p in PROFILE_PLACES if p.is_dir()))
+    if found.empty:
+        st.info("No profiles under ~/.cache/servecast yet: `servecast profile --out FILE` measures this device.")
+    else:
+        st.dataframe(found, hide_index=True)
+    provenance_section()
+    validation_section()
+
+
+main()
