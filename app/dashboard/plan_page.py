@@ -40,6 +40,8 @@ def main() -> None:
                                key="quant")
         tp = st.multiselect("Tensor parallelism", [1, 2, 4, 8], default=[1, 2], key="tp")
         growth = st.multiselect("Traffic growth", [1.0, 2.0, 4.0], default=[1.0], key="growth")
+        slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
+                                      key="slo_sensitivity")
         submitted = st.form_submit_button("Plan")
     if workload is None:
         return
@@ -49,16 +51,44 @@ def main() -> None:
             return
         candidates = tuple((h, q, t) for h in hardware for q in quant for t in tp)
         slo = (("ttft_p99", float(ttft)), ("tpot_p99", float(tpot) / 1e3))
-        with st.spinner(f"planning {len(candidates) * len(growth)} points"):
-            rows = cached_plan(model, trace_key, workload, slo, candidates, tuple(sorted(growth)), 0)
-        st.session_state["plan"] = (rows, sorted(growth))
+        factors = (1.0, 0.5, 2.0) if slo_sensitivity else (1.0,)
+        by_slo = {}
+        with st.spinner(f"planning {len(candidates) * len(growth) * len(factors)} points"):
+            for f in factors:
+                scaled = tuple((k, v * f) for k, v in slo)
+                by_slo[f] = cached_plan(model, trace_key, workload, scaled, candidates, tuple(sorted(growth)), 0)
+        st.session_state["plan"] = (by_slo[1.0], sorted(growth), by_slo)
     if "plan" in st.session_state:
         show(*st.session_state["plan"])
     else:
         st.info("Set the SLOs and candidates, then press Plan.")
 
 
-def show(rows: list[dict], growth: list[float]) -> None:
+def cheapest(rows: list[dict]) -> dict | None:
+    feasible = [r for r in rows if r["feasible"] and r["usd_per_hour"] is not None]
+    return min(feasible, key=lambda r: (r["usd_per_hour"], r["e2e_p99_s"])) if feasible else None
+
+
+def sensitivity(by_growth: dict[float, dict | None], by_slo: dict[float, dict | None]) -> None:
+    """The recommended fleet's $/hour as traffic grows and as the SLOs tighten or loosen."""
+    import plotly.graph_objects as go
+
+    for title, axis, points in (("Sensitivity to traffic growth", "traffic x", by_growth),
+                                ("Sensitivity to SLO tightness", "SLOs x", by_slo)):
+        if len(points) < 2:
+            continue
+        xs = sorted(points)
+        fig = go.Figure(go.Scatter(x=xs, y=[points[x]["usd_per_hour"] if points[x] else None for x in xs],
+                                   text=[f"{points[x]['replicas']} x {points[x]['candidate']}" if points[x]
+                                         else "no fleet meets the SLOs" for x in xs], mode="lines+markers"))
+        fig.update_layout(title=title, xaxis_title=axis, yaxis_title="recommended $ / hour", height=320)
+        st.plotly_chart(fig, key=title)
+
+
+def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]] | None = None) -> None:
+    sensitivity({g: cheapest([r for r in rows if r["rate_scale"] == g]) for g in growth},
+                {f: cheapest([r for r in slo_rows if r["rate_scale"] == growth[0]])
+                 for f, slo_rows in (by_slo or {}).items()})
     for g in growth:
         at = [r for r in rows if r["rate_scale"] == g]
         feasible = [r for r in at if r["feasible"] and r["usd_per_hour"] is not None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ from app.dashboard.inputs import MAX_UPLOAD_BYTES, workload_from_upload
 from simulator.workload import WorkloadError
 
 PAGES = Path(__file__).resolve().parents[2] / "app" / "dashboard"
+
+
+def chart_spec(element) -> str:
+    """A plotly chart element's figure JSON (where this Streamlit version keeps it)."""
+    proto = element.proto
+    return proto.spec if getattr(proto, "spec", "") else proto.figure.spec
 
 
 def page(name: str) -> AppTest:
@@ -44,6 +51,18 @@ def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
     at.button[0].click().run()
     assert "x l4 bf16 tp=1" in at.success[0].value
     assert len(at.dataframe) == 1 and len(at.get("download_button")) == 2
+    # Growth and SLO sensitivity: the recommended cost never falls as traffic grows or SLOs tighten.
+    at.multiselect(key="growth").set_value([1.0, 2.0])
+    at.checkbox(key="slo_sensitivity").check()
+    at.button[0].click().run()
+    assert not at.exception and len(at.success) == 2
+    figures = [json.loads(chart_spec(c)) for c in at.get("plotly_chart")]
+    charts = {f["layout"]["title"]["text"]: f for f in figures}
+    growth = charts["Sensitivity to traffic growth"]["data"][0]["y"]
+    slo = charts["Sensitivity to SLO tightness"]["data"][0]
+    assert growth[0] <= growth[1]
+    by_scale = dict(zip(slo["x"], slo["y"]))  # tighter (0.5x) costs at least as much as looser (2x)
+    assert by_scale[0.5] is None or by_scale[0.5] >= by_scale[1.0] >= by_scale[2.0]
 
 
 def test_a_bad_trace_spec_shows_its_reason_and_nothing_crashes() -> None:
@@ -94,8 +113,6 @@ def test_uploads_are_validated_with_the_line_and_the_fix() -> None:
 
 
 def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_path, monkeypatch) -> None:
-    import json
-
     folder = tmp_path / ".cache" / "servecast"
     folder.mkdir(parents=True)
     header = {"format": "servecast-profile", "version": 1, "hardware": "cpu-local",

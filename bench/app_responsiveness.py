@@ -1,0 +1,42 @@
+"""How fast the app answers: a what-if (one fleet simulated on a 10,000-request trace, as the Explore
+page asks it) and the full default `servecast plan`. Prints seconds; never passes or fails.
+
+    python bench/app_responsiveness.py [--requests 10000] [--skip-plan]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from app.dashboard.inputs import bundled_spec, workload_from_spec
+from simulator.run import simulate
+from simulator.sim_config import SimConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--skip-plan", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    workload = workload_from_spec(bundled_spec(args.requests, 40.0))
+    loaded = time.perf_counter() - started
+    config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm", replicas=8)
+    started = time.perf_counter()
+    result = simulate(config, workload)
+    simulated = time.perf_counter() - started
+    print(f"what-if: {args.requests:,} requests (bundled ShareGPT lengths at 40 req/s) on 8 x h100-sxm: trace "
+          f"{loaded:.2f} s + simulation {simulated:.2f} s = {loaded + simulated:.2f} s "
+          f"({args.requests / simulated:,.0f} simulated requests/s; TTFT p99 {result.summary['ttft_s']['p99']:.3f} s)")
+    if args.skip_plan:
+        return
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "app.cli", "plan", "--json"], check=True, stdout=subprocess.DEVNULL)
+    print(f"full default plan (servecast plan): {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
