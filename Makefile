@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install
+.PHONY: run demo test bench install
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
+	$(VENV)/bin/servecast plan --out out/plan
+
+demo: $(STAMP)
 	$(VENV)/bin/servecast generate
 
 test: $(STAMP)
