@@ -74,6 +74,9 @@ def plan_command(
     growth: str = typer.Option("1", help="traffic growth factors to plan for, e.g. 1,2,4"),
     max_replicas: int = typer.Option(256, help="give up on a candidate beyond this many replicas"),
     workers: int = typer.Option(max(1, (os.cpu_count() or 1)), help="local processes (0: in this process)"),
+    executor: str = typer.Option("local", help="local (processes on this machine) or ray"),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address (--executor ray; default: a local "
+                                                     "Ray instance of --workers CPUs)"),
     study: Optional[Path] = typer.Option(None, help="SQLite file of finished points: a rerun resumes from it"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout, nothing else"),
@@ -108,12 +111,15 @@ def plan_command(
                 spec.config(c, 1)
             except ValidationError as exc:
                 raise ValueError(f"{c.label}: {validation_message(exc)}") from None
+        if executor not in ("local", "ray"):
+            raise ValueError(f"--executor {executor!r} is not supported; use local or ray")
         store = Study(study) if study is not None else None
         with Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console, transient=as_json) as progress:
             task = progress.add_task("plan", total=len(candidates) * len(factors))
             result = run_plan(spec, candidates, factors, workers, store,
-                              progress=lambda done, total: progress.update(task, completed=done))
+                              progress=lambda done, total: progress.update(task, completed=done),
+                              executor=executor, address=address)
     except ValueError as exc:
         fail(str(exc))
     document = {"model": model, "trace": trace or default_trace(), "slo": slos, "growth": factors,

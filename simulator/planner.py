@@ -2,8 +2,9 @@
 kept in a study file as they finish. No torch.
 
 The executor is local processes by default (one simulation per core at a time); with workers=0
-everything runs in this process (tests, debugging). A point whose worker crashes is reported
-with the error and the others go on.
+everything runs in this process (tests, debugging); executor="ray" sends the points to a Ray
+cluster (`address`, or a local Ray instance of `workers` CPUs) when a sweep outgrows one machine.
+A point whose worker crashes is reported with the error and the others go on.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class PlanResult:
 
 
 def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[float] = (1.0,), workers: int = 0,
-             study: Study | None = None, progress: Callable[[int, int], None] | None = None) -> PlanResult:
+             study: Study | None = None, progress: Callable[[int, int], None] | None = None,
+             executor: str = "local", address: str | None = None) -> PlanResult:
     """Plan every candidate at every traffic growth factor; progress(done, total) as points finish."""
     points = [(c, g) for c in candidates for g in growth]
     done: dict[int, CandidateResult] = {}
@@ -55,7 +57,15 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
         if progress is not None:
             progress(len(done), len(points))
 
-    if workers <= 0:
+    def failed(i: int, exc: BaseException) -> CandidateResult:
+        c, g = points[i]
+        return CandidateResult(c, g, feasible=False, reason=f"{WORKER_FAILED}: {type(exc).__name__}: {exc}")
+
+    if executor == "ray":
+        _run_on_ray(spec, points, todo, finish, failed, workers, address)
+    elif executor != "local":
+        raise ValueError(f"executor {executor!r} is not supported; use local or ray")
+    elif workers <= 0:
         for i in todo:
             finish(i, plan_candidate(spec, *points[i]))
     else:
@@ -66,7 +76,39 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
                 try:
                     result = future.result()
                 except Exception as exc:  # noqa: BLE001 -- a crashed point is reported, the sweep goes on
-                    c, g = points[i]
-                    result = CandidateResult(c, g, feasible=False, reason=f"{WORKER_FAILED}: {type(exc).__name__}: {exc}")
+                    result = failed(i, exc)
                 finish(i, result)
     return PlanResult([done[i] for i in range(len(points))], reused)
+
+
+def _run_on_ray(spec: PlanSpec, points: list, todo: list[int], finish, failed, workers: int,
+                address: str | None) -> None:
+    """The points on Ray, finished as they complete; a Ray this call started is shut down after."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("the ray executor needs ray: pip install 'ray>=2.9'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"could not reach Ray at {address or 'a new local instance'}: {exc}") from None
+    try:
+        remote = ray.remote(plan_candidate)
+        spec_ref = ray.put(spec)
+        pending = {remote.remote(spec_ref, *points[i]): i for i in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except Exception as exc:  # noqa: BLE001 -- a crashed point is reported, the sweep goes on
+                result = failed(i, exc)
+            finish(i, result)
+    finally:
+        if started:
+            ray.shutdown()

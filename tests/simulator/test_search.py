@@ -99,3 +99,15 @@ def test_local_processes_give_the_same_plan_as_one_process() -> None:
     one = run_plan(spec(), candidates, growth=(1.0, 2.0))
     pool = run_plan(spec(), candidates, growth=(1.0, 2.0), workers=2)
     assert [r.row() for r in pool.results] == [r.row() for r in one.results]
+
+
+def test_the_ray_executor_gives_the_same_plan_as_local_processes(tmp_path) -> None:
+    pytest.importorskip("ray")
+    candidates = [Candidate("h100-sxm"), Candidate("l40s", "fp8"), Candidate("l40s", tp=3)]  # tp=3: infeasible
+    local = run_plan(spec(), candidates)
+    study = Study(tmp_path / "ray.sqlite")
+    on_ray = run_plan(spec(), candidates, workers=2, study=study, executor="ray")
+    assert [r.row() for r in on_ray.results] == [r.row() for r in local.results]
+    assert len(study) == 3  # kept as they finished
+    with pytest.raises(ValueError, match="use local or ray"):
+        run_plan(spec(), candidates, executor="dask")
