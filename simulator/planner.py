@@ -4,7 +4,9 @@ kept in a study file as they finish. No torch.
 The executor is local processes by default (one simulation per core at a time); with workers=0
 everything runs in this process (tests, debugging); executor="ray" sends the points to a Ray
 cluster (`address`, or a local Ray instance of `workers` CPUs) when a sweep outgrows one machine.
-A point whose worker crashes is reported with the error and the others go on.
+A point whose simulation raises is reported with the error and the others go on (and is recomputed
+on the next run). A worker process that dies outright takes the local pool's points in flight with
+it; Ray fails only that task.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
              study: Study | None = None, progress: Callable[[int, int], None] | None = None,
              executor: str = "local", address: str | None = None) -> PlanResult:
     """Plan every candidate at every traffic growth factor; progress(done, total) as points finish."""
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor {executor!r} is not supported; use local or ray")
     points = [(c, g) for c in candidates for g in growth]
     done: dict[int, CandidateResult] = {}
     for i, (c, g) in enumerate(points):
@@ -63,8 +67,6 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
 
     if executor == "ray":
         _run_on_ray(spec, points, todo, finish, failed, workers, address)
-    elif executor != "local":
-        raise ValueError(f"executor {executor!r} is not supported; use local or ray")
     elif workers <= 0:
         for i in todo:
             finish(i, plan_candidate(spec, *points[i]))
