@@ -203,6 +203,7 @@ class CostModel:
         self._peak = peak_flops
         self._bandwidth = bandwidth
         self._series: dict[tuple, _Series] = {}
+        self._verify_timers: dict[tuple, Callable[[int, int], float] | None] = {}  # verify_attention_timer's
         # A smaller working set is never slower to read: the measured curve's running maximum from
         # the large end (small reads are timed with call overhead that belongs to t0, not to bandwidth).
         self._bandwidth_envelope: list[tuple[int, float]] = []
@@ -258,6 +259,7 @@ class CostModel:
             if key is not None:
                 points[key].append((size, m.time_s))
         self._series = {k: _Series(v) for k, v in points.items()}
+        self._verify_timers = {}
 
     def fit_to(self, profile: Profile, min_points: int = 6) -> None:
         """Fit this device's own efficiency curves on a profile, per operator and per family."""
@@ -466,6 +468,13 @@ class CostModel:
         the largest), each count read at the chunks' mean context. None where the profile has no
         such points (the caller then reads verification like a batch of decodes)."""
         dtype = canonical_dtype(dtype)
+        memo_key = (queries, num_heads, num_kv_heads, head_dim, dtype)
+        if memo_key not in self._verify_timers:  # built once: a simulation asks for it every new step
+            self._verify_timers[memo_key] = self._verify_attention_timer(*memo_key)
+        return self._verify_timers[memo_key]
+
+    def _verify_attention_timer(self, queries: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                dtype: str) -> Callable[[int, int], float] | None:
         by_q: dict[int, dict[int, _Series]] = defaultdict(dict)
         for key, series in self._series.items():
             if key[0] == "attention_verify" and key[3:] == (num_heads, num_kv_heads, head_dim, dtype):
