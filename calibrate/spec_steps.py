@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.runner import SHORT_CHUNK
+from engine.runner import is_short_chunk
 from simulator.cost_model import Chunk, CostModel, StepObservation
 from simulator.catalog.models import ModelSpec
 
@@ -51,8 +51,8 @@ def record_spec_steps(engine) -> SpecStepLog:
 
     def timed_forward(step, views):
         # The draft attends a short chunk over a cached context as verification does (plan_step's batch_short).
-        chunks = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples,
-                        verify=1 < c.num_tokens <= SHORT_CHUNK and c.start > 0) for c in step.chunks]
+        chunks = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples, verify=is_short_chunk(c.start, c.num_tokens))
+                  for c in step.chunks]
         started = time.perf_counter()
         result = forward(step, views)
         round_forwards.append(len(log.draft))

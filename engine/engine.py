@@ -23,7 +23,7 @@ from engine.sequence import Sequence
 from engine.spec_decode import SpecStats
 from engine.tp_shard import shard_config
 from engine.tp_workers import TPWorkers, start_tensor_parallel
-from engine.weights import load_hf_weights, read_safetensors_dir
+from engine.weights import build_decoder, read_safetensors_dir
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,11 +92,7 @@ class LLMEngine:
 
     def _build_model(self, config: ModelConfig, state_dict: dict[str, torch.Tensor] | None,
                      seed: int) -> DecoderModel:
-        model = DecoderModel(config, self.scheduler_config.max_model_len)
-        if state_dict is None:
-            model.init_random(seed)
-        else:
-            load_hf_weights(model, state_dict)
+        model = build_decoder(config, self.scheduler_config.max_model_len, state_dict, seed)
         return model.prepare(self.device, self.dtype, self.config.quantization, self.config.quant_group_size,
                              self.config.pack_cpu_weights)
 

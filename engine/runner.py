@@ -131,6 +131,11 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
 SHORT_CHUNK = 16  # batch_short: chunks of at most this many tokens over a cached context attend together
 
 
+def is_short_chunk(start: int, num_tokens: int) -> bool:
+    """A chunk plan_step(batch_short=True) attends with the verification batch, not as a prefill."""
+    return 1 < num_tokens <= SHORT_CHUNK and start > 0
+
+
 def plan_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size: int,
               drafts: Mapping[str, list[int]] | None = None, batch_short: bool = False) -> StepPlan:
     """Pack the scheduled chunks into token, position and KV-slot lists.
@@ -157,7 +162,7 @@ def plan_step(out: SchedulerOutput, requests: Mapping[str, Sequence], block_size
         input_ids.extend(tokens)
         positions.extend(range(chunk.start, chunk.start + n))
         slots.extend(slots_for(seq.block_table, chunk.start, chunk.start + n, block_size))
-        if n > 1 and (draft_slots or (batch_short and chunk.start > 0 and n <= SHORT_CHUNK)):
+        if n > 1 and (draft_slots or (batch_short and is_short_chunk(chunk.start, n))):
             verifying.add(len(chunks))
         chunks.append((chunk.start, n, seq.block_table))
         if draft_slots:

@@ -26,7 +26,7 @@ from engine.model import DecoderModel
 from engine.runner import TORCH_DTYPES, ModelRunner, StepPlan
 from engine.tp_group import TPGroup
 from engine.tp_shard import shard_config, shard_state_dict
-from engine.weights import load_hf_weights
+from engine.weights import build_decoder
 
 STARTUP_TIMEOUT_S = 300.0
 
@@ -63,18 +63,6 @@ def build_shard(spec: RankSpec, state: dict[str, torch.Tensor], group: TPGroup) 
     model.load_state_dict(state)
     return model.prepare(torch.device(spec.device), TORCH_DTYPES[config.dtype], config.quantization,
                          config.quant_group_size, config.pack_cpu_weights)
-
-
-def whole_model_state(model_config: ModelConfig, max_positions: int, state_dict: dict[str, torch.Tensor] | None,
-                      seed: int) -> dict[str, torch.Tensor]:
-    """The whole model's weights under the engine's names (random ones seeded exactly as a TP=1
-    engine seeds them, so TP=1 and TP=N serve the same model)."""
-    model = DecoderModel(model_config, max_positions)
-    if state_dict is None:
-        model.init_random(seed)
-    else:
-        load_hf_weights(model, state_dict)
-    return model.state_dict()
 
 
 class TPWorkers:
@@ -129,7 +117,9 @@ def start_tensor_parallel(model_config: ModelConfig, engine_config: EngineConfig
     world = engine_config.tensor_parallel_size
     for rank in range(world):
         rank_device(device, rank, world)  # every rank's GPU exists
-    whole = whole_model_state(model_config, max_positions, state_dict, seed)
+    # The whole model's weights, random ones seeded exactly as a TP=1 engine seeds them, so TP=1 and
+    # TP=N serve the same model.
+    whole = build_decoder(model_config, max_positions, state_dict, seed).state_dict()
     store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
                           wait_for_workers=False)
     context = mp.get_context("spawn")

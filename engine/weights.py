@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import ModelConfig
 from engine.model import DecoderModel
 
 
@@ -22,6 +23,17 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         tensors.update(load_file(str(file)))
     return tensors
+
+
+def build_decoder(config: ModelConfig, max_positions: int, state_dict: Mapping[str, torch.Tensor] | None,
+                  seed: int) -> DecoderModel:
+    """A whole model (float32, CPU) with transformers-format weights, or random ones seeded by seed."""
+    model = DecoderModel(config, max_positions)
+    if state_dict is None:
+        model.init_random(seed)
+    else:
+        load_hf_weights(model, state_dict)
+    return model
 
 
 def load_hf_weights(model: DecoderModel, state_dict: Mapping[str, torch.Tensor]) -> None:
