@@ -12,7 +12,7 @@ from app.html_report import pareto_figure
 from app.plan_command import priced_gpus
 from simulator.catalog.models import catalog_model_ids
 from simulator.planner import run_plan
-from simulator.search import Candidate, PlanSpec
+from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -65,8 +65,9 @@ def main() -> None:
 
 
 def cheapest(rows: list[dict]) -> dict | None:
-    feasible = [r for r in rows if r["feasible"] and r["usd_per_hour"] is not None]
-    return min(feasible, key=lambda r: (r["usd_per_hour"], r["e2e_p99_s"])) if feasible else None
+    """The planner's recommendation (simulator.search.recommend) among these rows."""
+    best = recommend([CandidateResult.from_row(r) for r in rows])
+    return best.row() if best is not None else None
 
 
 def sensitivity(by_growth: dict[float, dict | None], by_slo: dict[float, dict | None]) -> None:
@@ -91,18 +92,14 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]] 
                  for f, slo_rows in (by_slo or {}).items()})
     for g in growth:
         at = [r for r in rows if r["rate_scale"] == g]
-        feasible = [r for r in at if r["feasible"] and r["usd_per_hour"] is not None]
         st.subheader(f"Traffic x{g:g}")
-        if not feasible:
+        best = cheapest(at)
+        if best is None:
             st.error("No candidate meets the SLOs at this traffic; see the reasons below.")
         else:
-            best = min(feasible, key=lambda r: (r["usd_per_hour"], r["e2e_p99_s"]))
             st.success(f"Recommended: {best['replicas']} x {best['candidate']} -- ${best['usd_per_hour']:.2f}/hour, "
                        f"${best['usd_per_million_output_tokens']:.2f} per million output tokens")
-            front = [r["candidate"] for r in feasible
-                     if not any(o["usd_per_hour"] <= r["usd_per_hour"] and o["e2e_p99_s"] <= r["e2e_p99_s"]
-                                and (o["usd_per_hour"] < r["usd_per_hour"] or o["e2e_p99_s"] < r["e2e_p99_s"])
-                                for o in feasible)]
+            front = [r.candidate.label for r in pareto_front([CandidateResult.from_row(r) for r in at])]
             st.plotly_chart(pareto_figure(at, front, g), key=f"pareto_{g}")
         table = pd.DataFrame(at)[["candidate", "feasible", "replicas", "gpus", "usd_per_hour",
                                   "usd_per_million_output_tokens", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s",
