@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, plan_candidate, recommend
-from simulator.study import Study, point_key
+from simulator.study import Study, plan_digest, point_key
 
 WORKER_FAILED = "worker failed"
 
@@ -44,10 +44,14 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
         raise ValueError(f"executor {executor!r} is not supported; use local or ray")
     points = [(c, g) for c in candidates for g in growth]
     done: dict[int, CandidateResult] = {}
-    for i, (c, g) in enumerate(points):
-        found = study.get(point_key(spec, c, g)) if study is not None else None
-        if found is not None:
-            done[i] = found
+    keys: list[str] = []
+    if study is not None:
+        digest = plan_digest(spec)  # the workload hashed once for every point
+        keys = [point_key(digest, c, g) for c, g in points]
+        for i, key in enumerate(keys):
+            found = study.get(key)
+            if found is not None:
+                done[i] = found
     reused = len(done)
     todo = [i for i in range(len(points)) if i not in done]
     if progress is not None:
@@ -57,7 +61,7 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
         done[i] = result
         crashed = (result.reason or "").startswith(WORKER_FAILED)
         if study is not None and not crashed:  # a crashed point is recomputed on the next run
-            study.put(point_key(spec, *points[i]), result)
+            study.put(keys[i], result)
         if progress is not None:
             progress(len(done), len(points))
 

@@ -2,8 +2,8 @@
 them. No torch.
 
 A point is one (plan, candidate, rate scale); its key hashes everything that decides its result:
-the model, the workload's requests, the SLOs, the shared knobs, the candidate and the scale. A
-point is written when it finishes, so a crash loses only the points in flight.
+the model, the workload's requests, the SLOs, the shared knobs (plan_digest), the candidate and the
+scale. A point is written when it finishes, so a crash loses only the points in flight.
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ from pathlib import Path
 from simulator.search import Candidate, CandidateResult, PlanSpec
 
 
-def point_key(spec: PlanSpec, candidate: Candidate, rate_scale: float) -> str:
+def plan_digest(spec: PlanSpec) -> str:
+    """A hash of everything a plan shares: model, workload requests, SLOs, knobs, limits, seed."""
     workload = hashlib.sha256()
     for r in spec.workload.requests:
         workload.update(f"{r.arrival_s:.9f},{r.prompt_tokens},{r.output_tokens},{r.segments},{r.segment_tokens};".encode())
     fields = {"model": spec.model, "workload": workload.hexdigest(), "slo": spec.slo, "knobs": spec.knobs,
-              "max_replicas": spec.max_replicas, "seed": spec.seed, "candidate": candidate.__dict__,
-              "rate_scale": rate_scale}
+              "max_replicas": spec.max_replicas, "seed": spec.seed}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def point_key(digest: str, candidate: Candidate, rate_scale: float) -> str:
+    """One point's key: its plan's digest (plan_digest), the candidate and the rate scale."""
+    fields = {"plan": digest, "candidate": candidate.__dict__, "rate_scale": rate_scale}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
