@@ -156,9 +156,10 @@ class StepTimer:
                     batch, m.num_heads // self.tp, max(m.num_kv_heads // self.tp, 1), m.head_dim, self.dtype)
             if len(self._decode) >= _MEMO_LIMIT:
                 self._decode.clear()
-            value = self._decode[key] = 0.0 + time_of(total_context) * self._layers  # as StepCost.add sums it
+            value = 0.0 + time_of(total_context) * self._layers  # as StepCost.add sums it
             if self._kv_dequant is not None:
-                value = self._decode[key] = value + self._kv_read(total_context)
+                value += self._kv_read(total_context)
+            self._decode[key] = value
         return value
 
     def head(self, sampled: int) -> float:
