@@ -54,6 +54,10 @@ class PlanSpec:
     # Further SimConfig fields shared by every candidate (block_size, max_num_seqs, router, ...).
     knobs: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.max_replicas < 1:
+            raise ValueError(f"max_replicas must be at least 1, got {self.max_replicas}")
+
     def config(self, candidate: Candidate, replicas: int) -> SimConfig:
         fields = {k: v for k, v in asdict(candidate).items() if v is not None}
         return SimConfig(model=self.model, replicas=replicas, slo=self.slo, seed=self.seed, **fields, **self.knobs)

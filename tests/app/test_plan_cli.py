@@ -27,6 +27,7 @@ def test_plan_cli_json_and_bad_input(tmp_path) -> None:
     for bad, message in ((["--hardware", "h900"], "unknown hardware"), (["--slo", "ttft_p99=fast"], "not a duration"),
                          (["--speculation", "ngram:four:0.5"], "write none, ngram:G:A"),
                          (["--speculation", "ngram:4:1.5"], "acceptance"),
+                         (["--max-replicas", "0"], "max_replicas must be at least 1"),
                          (["--tp", "two"], "--tp takes a comma-separated list"), (["--growth", "0"], "positive")):
         result = runner.invoke(app, [*args, *bad])
         assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
