@@ -14,6 +14,7 @@ hash collision can cost a cache miss but never a wrong reuse.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import repeat
 from collections.abc import Callable, Sequence as Seq
 from typing import NamedTuple
 
@@ -119,34 +120,62 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        if num_full <= seq.num_registered_blocks:
+        first = seq.num_registered_blocks
+        if num_full <= first:
             return
         hashes = seq.block_hashes
-        if len(hashes) < seq.num_registered_blocks:
-            self._block_hashes(seq, seq.num_registered_blocks)
+        if len(hashes) < first:
+            self._block_hashes(seq, first)
         bs = self.block_size
-        token_ids, table, generations = seq.token_ids, seq.block_table, self.generations
-        cached, by_hash, hash_fn = self._cached, self._by_hash, self.hash_fn
-        inline_hash = hash_fn is chain_hash  # the default, called inline in this per-block loop
-        first = seq.num_registered_blocks
-        if num_full - first == 1:  # a decode filled one block: the common case
-            block_tokens = (tuple(token_ids[first * bs:num_full * bs]),)
-        else:  # a prompt's blocks in one pass (zip over one iterator cuts it in block_size runs)
-            block_tokens = zip(*[iter(token_ids[first * bs:num_full * bs])] * bs)
-        for i, tokens in enumerate(block_tokens, first):
-            if i == len(hashes):  # extend the chain here, hashing the tuple registration needs anyway
-                parent = hashes[-1] if hashes else None
-                hashes.append(hash((parent, tokens)) if inline_hash else hash_fn(parent, tokens))
-            block_id = table[i]
-            if block_id in cached:
-                continue  # a prefix hit: already registered
-            block_hash = hashes[i]
-            if block_hash in by_hash:
-                continue  # same content computed twice concurrently, or a collision: keep the first
-            parent_id = table[i - 1] if i else NO_PARENT
-            parent_gen = generations[parent_id] if i else 0
-            cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id, parent_gen))
-            by_hash[block_hash] = block_id
+        table, cached, by_hash = seq.block_table, self._cached, self._by_hash
+        if num_full - first == 1 and len(hashes) == first and self.hash_fn is chain_hash:
+            # A decode filled one block: the common case, in straight-line code.
+            tokens = tuple(seq.token_ids[first * bs:num_full * bs])
+            block_hash = hash((hashes[-1] if hashes else None, tokens))
+            hashes.append(block_hash)
+            block_id = table[first]
+            if block_id not in cached and block_hash not in by_hash:
+                parent_id = table[first - 1] if first else NO_PARENT
+                cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id,
+                                                            self.generations[parent_id] if first else 0))
+                by_hash[block_hash] = block_id
+            seq.num_registered_blocks = num_full
+            return
+        # A prompt's blocks in one pass (zip over one iterator cuts it in block_size runs).
+        block_tokens = list(zip(*[iter(seq.token_ids[first * bs:num_full * bs])] * bs))
+        # Extend the hash chain over the new blocks, hashing the tuples registration stores anyway.
+        parent = hashes[-1] if hashes else None
+        if self.hash_fn is chain_hash:  # the default, inlined in this per-block loop
+            for tokens in block_tokens[len(hashes) - first:]:
+                parent = hash((parent, tokens))
+                hashes.append(parent)
+        else:
+            for tokens in block_tokens[len(hashes) - first:]:
+                parent = self.hash_fn(parent, tokens)
+                hashes.append(parent)
+        block_ids = table[first:num_full]
+        block_hashes = hashes[first:num_full]
+        parent_ids = table[first - 1:num_full - 1] if first else [NO_PARENT, *table[:num_full - 1]]
+        if (cached.keys().isdisjoint(block_ids) and by_hash.keys().isdisjoint(block_hashes)
+                and len(set(block_hashes)) == len(block_hashes)):
+            # Fresh blocks under fresh hashes (a prompt's own content, a decode's block): all are
+            # registered, built in bulk. Same entries as the loop below makes.
+            parent_gens = map(self.generations.__getitem__, parent_ids)
+            if not first:
+                parent_gens = (0, *list(parent_gens)[1:])
+            cached.update(zip(block_ids, map(new_tuple, repeat(_CachedBlock),
+                                             zip(block_hashes, block_tokens, parent_ids, parent_gens))))
+            by_hash.update(zip(block_hashes, block_ids))
+        else:
+            generations = self.generations
+            for block_id, block_hash, tokens, parent_id in zip(block_ids, block_hashes, block_tokens, parent_ids):
+                if block_id in cached:
+                    continue  # a prefix hit: already registered
+                if block_hash in by_hash:
+                    continue  # same content computed twice concurrently, or a collision: keep the first
+                parent_gen = generations[parent_id] if parent_id != NO_PARENT else 0
+                cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id, parent_gen))
+                by_hash[block_hash] = block_id
         seq.num_registered_blocks = num_full
 
     # -- allocation ---------------------------------------------------------------------------

@@ -46,6 +46,8 @@ class Recorder:
     # Token times of finished requests not yet binned: their gaps and itl_max_s are computed a few
     # thousand requests at a time (one numpy pass, not one per request).
     _pending_times: list = field(default_factory=list)
+    # Told of every finish and rejection when a run may stop once its SLOs are missed (slo_watch.py).
+    watch: object | None = None
 
     def _flush_gaps(self) -> None:
         pending = self._pending_times
@@ -98,10 +100,14 @@ class Recorder:
         self._pending_times.append(times)
         if len(self._pending_times) >= 4096:
             self._flush_gaps()
+        if self.watch is not None:
+            self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time)
         self._done()
 
     def reject(self, request_id: int, arrival_s: float, prompt: int, output: int, reason: str) -> None:
         self.rejected.append((request_id, arrival_s, prompt, output, reason))
+        if self.watch is not None:
+            self.watch.rejected(reason)
         self._done()
 
     def sample(self, time_s: float, replica: int, waiting: int, running: int, tokens_in_flight: int,

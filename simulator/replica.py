@@ -11,10 +11,18 @@ Between two arrivals at the cluster nothing outside a replica can change it, so 
 the steps that end before the next arrival in a plain loop and yields to SimPy only to cross an
 arrival (the router must see every replica as it is at that instant) or to go idle. The
 decisions and times are those of one event per step; only the event-loop overhead is saved.
+
+Steady decode runs (simulator/steady_decode.py) go further: during one, nothing the router reads
+changes (outstanding tokens move only when a request arrives or finishes, and a run ends at its
+first finish), so a run is planned up to its first finish and waited out in one SimPy timeout,
+whatever arrives elsewhere meanwhile. An arrival routed to the replica interrupts the wait; the
+replica then takes the steps that began at or before that instant -- the ones the step-by-step
+loop schedules without the newcomer -- and schedules it in the next step, as that loop would.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +55,8 @@ class _VirtualEngine:
     wakeup: simpy.Event | None = None
     outstanding_tokens: int = 0
     sequences: dict = field(default_factory=dict)
+    process: simpy.Process | None = None
+    in_steady_run: bool = False  # waiting out a planned steady decode run (an arrival interrupts it)
 
 
 class Replica:
@@ -67,7 +77,7 @@ class Replica:
         self.output_tokens = 0
         self.busy_s = 0.0
         for engine in self.engines:
-            env.process(self._run(engine))
+            engine.process = env.process(self._run(engine))
 
     # -- state the router reads ---------------------------------------------------------------
     @property
@@ -95,6 +105,9 @@ class Replica:
         engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
         if engine.wakeup is not None and not engine.wakeup.triggered:
             engine.wakeup.succeed()
+        elif engine.in_steady_run:
+            engine.in_steady_run = False
+            engine.process.interrupt()
 
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
@@ -128,12 +141,9 @@ class Replica:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
                 finished = self._apply(engine, out, now, sampled, accepted)
-                # A bulk run pays off only if steps fit before the next arrival; the last step's
-                # length is the guess (skipping a run changes nothing but speed).
-                if (self.bulk_decodes and self.clock.next_arrival_s - now > 2 * step_s
-                        and isinstance(scheduler, Scheduler)
+                if (self.bulk_decodes and isinstance(scheduler, Scheduler)
                         and steady_decode.is_steady(scheduler, out, finished, waiting, all_decodes)):
-                    now = self._bulk_decode(engine, now)
+                    now = yield from self._steady_runs(engine, now)
             if now > env.now:
                 yield env.timeout(now - env.now)
             if scheduler.has_unfinished():
@@ -143,29 +153,48 @@ class Replica:
                 yield engine.wakeup
                 engine.wakeup = None
 
-    def _bulk_decode(self, engine: _VirtualEngine, now: float) -> float:
-        """Apply steady decode runs that end before the next arrival; returns the new time.
+    def _steady_runs(self, engine: _VirtualEngine, now: float):
+        """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
+        time the last step taken ends, which env.now has reached.
 
         A run ends at the step where a request finishes; with nobody waiting, the requests left
-        are steady again at once, so the next run follows without a scheduler step."""
-        scheduler = engine.scheduler
+        are steady again at once, so the next run follows without a scheduler step. An arrival
+        routed here ends the runs (see the module's docstring)."""
+        env, scheduler = self.env, engine.scheduler
         while True:
             steps = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
             if steps <= 0:
                 return now
             batch = len(scheduler.running)
-            times = self.timer.steady_decode_run(scheduler.running, steps, self.clock.next_arrival_s, now)
-            if not times:
-                return now
+            run = self.timer.plan_steady_run(scheduler.running, steps, now)
+            ends = run.end_times
+            engine.in_steady_run = True
+            try:
+                yield env.timeout(ends[-1] - env.now)
+                taken = steps
+            except simpy.Interrupt:
+                # Steps that began at or before the arrival (the first began at `now`) are scheduled
+                # without it; the one after them admits it.
+                taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+            interrupted = not engine.in_steady_run
+            engine.in_steady_run = False
+            if ends[taken - 1] > env.now:
+                # Finish the step the arrival came in before booking it, as the step-by-step loop
+                # does: its finishes must not show before that step ends (the router reads them).
+                yield env.timeout(ends[taken - 1] - env.now)
+            run.commit(taken)
+            times = ends[:taken]
             finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
             self.busy_s += times[-1] - now
-            self.output_tokens += len(times) * batch
+            self.output_tokens += taken * batch
             now = times[-1]
             for done in finished:
                 self._retire(engine, done.request_id)
             if now >= self._next_sample_s:
                 self._next_sample_s = now + self.sample_every_s
                 self._sample(now, batch)
+            if interrupted:
+                return now
             if scheduler.waiting and finished:
                 return now  # freed blocks may admit the waiting: the scheduler decides
 

@@ -97,7 +97,8 @@ Simulate = Callable[[SimConfig, Workload], dict]
 
 
 def run_summary(config: SimConfig, workload: Workload) -> dict:
-    return simulate(config, workload).summary
+    # Only the verdict of a failing run is used: it may stop as soon as the verdict is certain.
+    return simulate(config, workload, stop_when_slo_missed=True).summary
 
 
 def meets(summary: dict) -> bool:
@@ -128,7 +129,8 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         failing = replicas
         if replicas >= spec.max_replicas:
             slo = summaries[replicas]["slo"]
-            missed = ", ".join(f"{k} {slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
+            at_least = "at least " if "stopped_early" in summaries[replicas] else ""
+            missed = ", ".join(f"{k} {at_least}{slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
                                for k, v in slo["targets"].items() if not slo["met"].get(k, False))
             rejected = summaries[replicas]["num_rejected"]
             result.reason = (f"misses the SLOs even with {replicas} replicas ("

@@ -12,7 +12,7 @@ a point-to-point send of its hidden states.
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -183,39 +183,37 @@ class StepTimer:
         """Extra time of the first step after idle_s seconds without work (profiled devices)."""
         return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
 
-    def steady_decode_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
-        """End times of up to `steps` steady decode steps from start_s (each running request decoding
-        one token per step), stopping before a step would end after limit_s. The steps returned are
-        added to `split` as step() would add them (each step's time is step()'s to the last bit; the
-        split's sums may differ in rounding)."""
+    def plan_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
+        """`steps` steady decode steps from start_s (each running request decoding one token per
+        step), timed but not yet booked: the caller commits as many as it ends up taking (a replica
+        whose run is cut short by an arrival takes fewer). Each step's time is step()'s to the last
+        bit; committed steps add to `split` as step() would (its sums may differ in rounding)."""
+        self.last_sampled = len(running)
         if self._pads:  # the engine's padded groups depend on every context: build each step
-            return self._padded_steady_run(running, steps, limit_s, start_s)
+            return self._padded_steady_run(running, steps, start_s)
         times: list[float] = []
+        decode_times: list[float] = []
         now = start_s
         n = len(running)
         context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
-        self.last_sampled = n
         base = self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1)
         scale = self._operator_scale
         compute_s, comm_s, prefill_s, head_s, overhead_s = (base.compute_s, base.comm_s, base.prefill_s,
                                                             base.head_s, base.overhead_s)
-        decode_sum, first_context = 0.0, context
+        first_context = context
         for _ in range(steps):
             decode_s = self.decode_attention(n, context)
             if scale != 1.0:
                 decode_s = decode_s * scale
-            total_s = compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
-            if now + total_s > limit_s:
-                break
-            now += total_s
+            now += compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
             times.append(now)
-            decode_sum += decode_s
+            decode_times.append(decode_s)
             context += n
-        k = len(times)
-        if k:
+
+        def commit(k: int) -> None:
             split = self.split
-            split.decode_s += decode_sum + k * (compute_s + head_s)
+            split.decode_s += sum(decode_times[:k]) + k * (compute_s + head_s)
             split.communication_s += k * comm_s
             split.overhead_s += k * overhead_s
             # Flops and bytes grow linearly with the context, n keys more each step.
@@ -223,19 +221,23 @@ class StepTimer:
             split.flops += k * (self._flops_per_token * n + self._flops_per_sample * n) + self._attention_flops_per_key * keys
             split.bytes_moved += k * self._weight_bytes + self._kv_bytes_per_token * keys
             split.steps += k
-        return times
+        return SteadyRun(times, commit)
 
-    def _padded_steady_run(self, running, steps: int, limit_s: float, start_s: float) -> list[float]:
+    def _padded_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
         times: list[float] = []
+        parts_of_steps: list[_StepParts] = []
         now = start_s
         for k in range(steps):
             parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
                                  for s in running])
-            if now + parts.total_s > limit_s:
-                break
-            now += self._record(parts)
+            now += parts.total_s
             times.append(now)
-        return times
+            parts_of_steps.append(parts)
+
+        def commit(k: int) -> None:
+            for parts in parts_of_steps[:k]:
+                self._record(parts)
+        return SteadyRun(times, commit)
 
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
@@ -318,6 +320,14 @@ class StepTimer:
         split.bytes_moved += parts.bytes_moved
         split.steps += 1
         return parts.total_s
+
+
+class SteadyRun(NamedTuple):
+    """Planned steady decode steps: their end times, and commit(k), which books the first k into
+    the timer's split."""
+
+    end_times: list[float]
+    commit: Callable[[int], None]
 
 
 class _StepParts(NamedTuple):

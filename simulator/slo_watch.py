@@ -1,0 +1,84 @@
+"""Deciding a run's SLO verdict before it ends. No torch.
+
+The planner only asks whether a fleet meets its SLOs. Under overload that is settled long before
+the last request finishes: once enough requests have finished over a percentile's limit, no later
+request can bring the percentile back under it. SloWatch counts them as requests finish, and says
+so the moment a verdict of "missed" is certain; a run it watches can then stop there.
+
+Percentiles are numpy's (linear interpolation over all N requests' values, as
+metrics.slo_attainment computes them): p_q lies at or above the sorted value at index
+k = floor(q/100 (N - 1)), so once N - k values exceed the limit, so does p_q. k is taken one lower
+when q/100 (N - 1) is within rounding of an integer, so the verdict is never early by a rounding.
+Means decide once the sum of finished values exceeds limit x N (values are never negative). A
+rejected request decides at once: a fleet that rejects a request meets nothing (search.meets).
+Only TTFT and E2E are watched; TPOT and ITL limits are left for the full run to decide.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+WATCHED = ("ttft", "e2e")
+
+
+@dataclass
+class _Limit:
+    key: str  # the SLO's name, e.g. "ttft_p99"
+    metric: str  # "ttft" or "e2e"
+    limit_s: float
+    needed: int  # values over the limit that decide a percentile (0 for a mean)
+    budget_s: float = math.inf  # for a mean: the sum that decides it
+    over: list[float] = field(default_factory=list)  # a min-heap of the `needed` largest values over
+    count: int = 0
+    total_s: float = 0.0
+
+
+class SloWatch:
+    def __init__(self, slos: dict[str, float], num_requests: int) -> None:
+        self.num_requests = num_requests
+        self.limits: list[_Limit] = []
+        for key, limit in slos.items():
+            metric, stat = key.split("_")
+            if metric not in WATCHED:
+                continue
+            if stat == "mean":
+                self.limits.append(_Limit(key, metric, limit, 0, budget_s=limit * num_requests))
+                continue
+            position = float(stat[1:]) / 100 * (num_requests - 1)
+            k = math.floor(position)
+            if k > 0 and position - k < 1e-9:
+                k -= 1
+            self.limits.append(_Limit(key, metric, limit, num_requests - k))
+        self.decided: str | None = None  # why the run can no longer meet its SLOs
+        self.missed: dict[str, float] = {}  # SLO -> a lower bound on its final value
+
+    def finished(self, arrival_s: float, first_token_s: float, finish_s: float) -> None:
+        for lim in self.limits:
+            value = (first_token_s if lim.metric == "ttft" else finish_s) - arrival_s
+            if lim.needed == 0:
+                lim.total_s += value
+                if lim.total_s > lim.budget_s and lim.key not in self.missed:
+                    self.missed[lim.key] = lim.total_s / self.num_requests
+                    self._decide(f"{lim.key} is at least {self.missed[lim.key]:.3g} s whatever the rest do "
+                                 f"(limit {lim.limit_s:.3g} s)")
+                continue
+            if value <= lim.limit_s:
+                continue
+            lim.count += 1
+            if len(lim.over) < lim.needed:
+                heapq.heappush(lim.over, value)
+            else:
+                heapq.heappushpop(lim.over, value)
+            if lim.count >= lim.needed and lim.key not in self.missed:
+                self.missed[lim.key] = lim.over[0]  # the needed-th largest so far: p >= it
+                self._decide(f"{lim.key} is at least {lim.over[0]:.3g} s: {lim.count} of {self.num_requests} "
+                             f"requests already took over {lim.limit_s:.3g} s")
+
+    def rejected(self, reason: str) -> None:
+        self._decide(f"a request was rejected ({reason})")
+
+    def _decide(self, why: str) -> None:
+        if self.decided is None:
+            self.decided = why

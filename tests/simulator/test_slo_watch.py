@@ -1,0 +1,77 @@
+"""Stopping a run once its SLOs are certainly missed: the verdict is never early, and a run that
+stops gives the same verdict as the full run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simulator.run import simulate
+from simulator.search import meets
+from simulator.sim_config import SimConfig
+from simulator.slo_watch import SloWatch
+from simulator.synthetic import load_workload
+from simulator.workload import BUNDLED_LENGTHS
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=250),
+       limit=st.floats(0.0, 10.0), q=st.sampled_from([50, 90, 95, 99, 99.9]), mean=st.booleans())
+def test_a_decided_miss_is_a_miss_of_the_full_percentile(values, limit, q, mean) -> None:
+    key = "ttft_mean" if mean else f"ttft_p{q:g}"
+    watch = SloWatch({key: limit}, len(values))
+    for v in values:
+        watch.finished(0.0, v, v + 1.0)
+        if watch.decided:
+            break
+    full = float(np.mean(values)) if mean else float(np.percentile(values, q))
+    if watch.decided:
+        assert full > limit
+        assert watch.missed[key] <= full * (1 + 1e-12)  # the bound it reports is a lower bound
+    if not mean and sum(v > limit for v in values) >= len(values) - np.floor(q / 100 * (len(values) - 1)) + 1:
+        assert watch.decided  # and it does decide once enough values are over
+
+
+def test_exact_percentile_positions_are_not_decided_by_rounding() -> None:
+    # p99 of 101 values sits exactly at index 99: two values over would decide by the plain rule,
+    # the watch waits for a third (0.99 * 100 may round either side of 99).
+    watch = SloWatch({"e2e_p99": 1.0}, 101)
+    for _ in range(2):
+        watch.finished(0.0, 0.1, 5.0)
+    assert watch.decided is None
+    watch.finished(0.0, 0.1, 5.0)
+    assert watch.decided and "e2e_p99" in watch.decided
+
+
+def test_a_rejection_decides_at_once() -> None:
+    watch = SloWatch({"tpot_p99": 0.1}, 10)
+    assert not watch.limits  # TPOT is left to the full run
+    watch.rejected("too long")
+    assert "rejected" in watch.decided
+
+
+TRACE = f"synthetic:num=150,lengths={BUNDLED_LENGTHS},rate=12"
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_stopped_run_gives_the_full_runs_verdict(replicas) -> None:
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=replicas,
+                       slo={"ttft_p99": 1.5, "e2e_p90": 30.0, "tpot_p99": 0.1})
+    full = simulate(config, load_workload(TRACE, seed=1))
+    watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
+    assert meets(watched.summary) == meets(full.summary)
+    if "stopped_early" in watched.summary:
+        assert watched.summary["num_finished"] < full.summary["num_finished"]
+        for key, bound in watched.summary["slo"]["measured"].items():
+            if not watched.summary["slo"]["met"][key] and key in ("ttft_p99", "e2e_p90"):
+                assert full.summary["slo"]["measured"][key] >= bound > config.slo[key]
+    else:  # never stopped: the very same run
+        assert watched.summary["ttft_s"] == full.summary["ttft_s"]
+        assert watched.summary["num_finished"] == full.summary["num_finished"]
+
+
+def test_the_one_replica_case_does_stop_early() -> None:
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=1, slo={"ttft_p99": 1.5})
+    watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
+    assert "stopped_early" in watched.summary and not meets(watched.summary)
