@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
+SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,18 @@ class ModelConfig:
     hidden_act: str = "silu"
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
+    # Mixture of experts (engine/moe.py); num_experts 0: a dense model.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0  # each expert's
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert; 0: none
+    norm_topk_prob: bool = True  # renormalize the top-k routing weights to sum to one
+    # One entry per layer: True where the feed-forward is the sparse MoE (Qwen2-MoE can keep some dense).
+    sparse_layers: tuple[bool, ...] = ()
+    # Deployment, not architecture: under tensor parallelism, whole experts per rank (expert
+    # parallel) instead of a slice of every expert; a rank's shard holds num_local_experts of them.
+    expert_parallel: bool = False
+    num_local_experts: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -67,6 +79,18 @@ class ModelConfig:
             raise ValueError(f"model config: hidden_act={self.hidden_act!r} is not supported; only 'silu' (SwiGLU)")
         if len(self.sliding_windows) != self.num_layers:
             object.__setattr__(self, "sliding_windows", tuple([None] * self.num_layers))
+        if self.num_experts:
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise ValueError(f"model config: num_experts_per_tok={self.experts_per_token} must be between 1 "
+                                 f"and the {self.num_experts} experts")
+            if self.moe_intermediate_size <= 0:
+                raise ValueError("model config: a MoE model needs a positive expert intermediate size")
+            if len(self.sparse_layers) != self.num_layers:
+                object.__setattr__(self, "sparse_layers", tuple([True] * self.num_layers))
+            if not self.num_local_experts:
+                object.__setattr__(self, "num_local_experts", self.num_experts)
+        elif len(self.sparse_layers) != self.num_layers:
+            object.__setattr__(self, "sparse_layers", tuple([False] * self.num_layers))
 
     @property
     def q_size(self) -> int:
@@ -81,12 +105,19 @@ class ModelConfig:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
     def num_parameters(self) -> int:
-        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
+        attn = (self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+                + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0) + (self.hidden_size if self.o_bias else 0))
+        dense = 3 * self.hidden_size * self.intermediate_size + (
+            2 * self.intermediate_size + self.hidden_size if self.mlp_bias else 0)
+        sparse = (self.hidden_size * self.num_experts  # router
+                  + 3 * self.hidden_size * self.moe_intermediate_size * self.num_experts
+                  + (3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size
+                     if self.shared_expert_intermediate_size else 0))
+        mlp = sum(sparse if s else dense for s in self.sparse_layers)
         norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
-        return self.num_layers * (attn + mlp + norms) + embed + head + self.hidden_size
+        return self.num_layers * (attn + norms) + mlp + embed + head + self.hidden_size
 
     @classmethod
     def from_hf(cls, source: Any) -> "ModelConfig":
@@ -144,15 +175,35 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=_rope_from_dict(raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=bool(raw.get("attention_bias", False)) or model_type == "qwen2",
-            o_bias=bool(raw.get("attention_bias", False)) and model_type != "qwen2",
+            qkv_bias=bool(raw.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe"),
+            o_bias=bool(raw.get("attention_bias", False)) and model_type not in ("qwen2", "qwen2_moe"),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             sliding_windows=_sliding_windows(raw, model_type, layers),
             hidden_act=raw.get("hidden_act", "silu"),
             eos_token_ids=_int_tuple(raw.get("eos_token_id")),
             dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+            **_moe_from_dict(raw, model_type, layers, intermediate),
         )
+
+
+def _moe_from_dict(raw: dict[str, Any], model_type: str, layers: int, intermediate: int) -> dict[str, Any]:
+    """ModelConfig's mixture-of-experts fields from a Mixtral or Qwen2-MoE config.json."""
+    if model_type == "mixtral":
+        return dict(num_experts=int(raw.get("num_local_experts", 8)),
+                    experts_per_token=int(raw.get("num_experts_per_tok", 2)),
+                    moe_intermediate_size=intermediate, norm_topk_prob=True)
+    if model_type == "qwen2_moe":
+        step = int(raw.get("decoder_sparse_step", 1) or 1)
+        dense = set(raw.get("mlp_only_layers") or [])
+        num_experts = int(raw.get("num_experts", 60))
+        return dict(num_experts=num_experts, experts_per_token=int(raw.get("num_experts_per_tok", 4)),
+                    moe_intermediate_size=int(raw.get("moe_intermediate_size", 1408)),
+                    shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
+                    norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                    sparse_layers=tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
+                                        for i in range(layers)))
+    return {}
 
 
 def _int_tuple(value: Any) -> tuple[int, ...]:
@@ -293,6 +344,9 @@ class EngineConfig:
     # Tensor parallelism (engine/tp_workers.py): the model's heads, MLP and vocabulary split over
     # this many ranks, one process each (gloo on CPU, NCCL over consecutive GPUs on CUDA).
     tensor_parallel_size: int = 1
+    # Mixture-of-experts models under tensor parallelism: whole experts per rank, tokens exchanged
+    # with all-to-all (engine/moe.py), instead of a slice of every expert.
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

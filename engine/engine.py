@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import time
 import weakref
@@ -53,6 +55,11 @@ class LLMEngine:
                              "on CUDA use quantization='int8' or 'fp8'")
         self.scheduler_config = config.scheduler_config(model_config)
         world = config.tensor_parallel_size
+        if config.expert_parallel:
+            if not model_config.num_experts:
+                raise ValueError("expert_parallel needs a mixture-of-experts model; this one is dense: "
+                                 "leave expert_parallel off")
+            self.model_config = model_config = dataclasses.replace(model_config, expert_parallel=True)
         # Every rank holds the KV of its heads for the same blocks: the pool is sized on one shard.
         shard = shard_config(model_config, world)
         self.cache_config = config.cache_config(shard)

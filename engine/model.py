@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over packed tokens and a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3; Mixtral and Qwen2-MoE with engine/moe.py)
+over packed tokens and a paged KV cache.
 
 Projections are fused (q|k|v and gate|up) so a step runs one GEMM where transformers runs three
 or two; weights.py maps transformers' names onto them. Under tensor parallelism the model is one
@@ -18,6 +19,7 @@ from engine.attention import AttentionMetadata, paged_attention
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
+from engine.moe import SparseMoE
 from engine.rope import RotaryEmbedding, apply_rotary
 
 if TYPE_CHECKING:
@@ -85,7 +87,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, group)
+        self.mlp = SparseMoE(config, group) if config.sparse_layers[layer] else MLP(config, group)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:

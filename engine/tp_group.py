@@ -46,3 +46,19 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.world)]
         self.group.allgather([parts], [x]).wait()
         return torch.cat(parts, dim=-1)
+
+    def all_gather_first(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's x (same shape on every rank) concatenated along the first dimension, in rank order."""
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        self.group.allgather([parts], [x]).wait()
+        return torch.cat(parts, dim=0)
+
+    def all_to_all(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """Rows of x sent to each rank in turn (send_counts[r] rows to rank r, in order); returns the
+        rows received, recv_counts[r] from rank r, in rank order."""
+        wide = self._widen_bf16 and x.dtype in (torch.bfloat16, torch.float16)
+        send = (x.float() if wide else x).contiguous()
+        out = torch.empty((sum(recv_counts),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
+        self.group.alltoall_base(out, send, recv_counts, send_counts).wait()
+        return out.to(x.dtype) if wide else out

@@ -37,7 +37,7 @@ def build_decoder(config: ModelConfig, max_positions: int, state_dict: Mapping[s
 
 
 def load_hf_weights(model: DecoderModel, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Copy a transformers Llama/Mistral/Qwen2/Qwen3 state_dict into the fused engine model."""
+    """Copy a transformers Llama/Mistral/Qwen2/Qwen3/Mixtral/Qwen2-MoE state_dict into the fused engine model."""
     weights = {name.removeprefix("model."): tensor for name, tensor in state_dict.items()}
     config = model.config
     used: set[str] = set()
@@ -74,6 +74,12 @@ def load_hf_weights(model: DecoderModel, state_dict: Mapping[str, torch.Tensor])
             if config.qk_norm:
                 assign(attn.q_norm.weight, take(p + "self_attn.q_norm.weight"), p + "q_norm")
                 assign(attn.k_norm.weight, take(p + "self_attn.k_norm.weight"), p + "k_norm")
+            if config.sparse_layers[i]:
+                _load_moe(layer.mlp, p, weights, take, assign)
+                assign(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
+                assign(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"),
+                       p + "post_attention_layernorm")
+                continue
             gate_up = [take(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")]
             assign(layer.mlp.gate_up_proj.weight, torch.cat(gate_up), p + "mlp.gate_up_proj.weight")
             assign(layer.mlp.down_proj.weight, take(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
@@ -89,3 +95,35 @@ def load_hf_weights(model: DecoderModel, state_dict: Mapping[str, torch.Tensor])
     if unused:
         raise ValueError(f"checkpoint has weights the {config.model_type} model does not use "
                          f"(first: {unused[:3]}): the config does not match the checkpoint")
+
+
+def _load_moe(moe, prefix: str, weights: Mapping[str, torch.Tensor], take, assign) -> None:
+    """A sparse MoE block's weights. transformers >= 5 stores each layer's experts as two 3-D
+    tensors (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]); checkpoints
+    saved by earlier versions keep one MLP per expert (Mixtral: block_sparse_moe.experts.j.w1 / w3 /
+    w2 = gate / up / down; Qwen2-MoE: mlp.experts.j.gate_proj / up_proj / down_proj)."""
+    mixtral_style = prefix + "block_sparse_moe.gate.weight" in weights
+    block = prefix + ("block_sparse_moe." if mixtral_style else "mlp.")
+    assign(moe.gate, take(block + "gate.weight"), block + "gate.weight")
+    stacked = block + "experts.gate_up_proj" in weights
+    if stacked:
+        gate_up, down = take(block + "experts.gate_up_proj"), take(block + "experts.down_proj")
+    for j, expert in enumerate(moe.experts):
+        name = f"{block}experts.{j}."
+        if stacked:
+            assign(expert.gate_up_proj.weight, gate_up[j], name + "gate_up_proj")
+            assign(expert.down_proj.weight, down[j], name + "down_proj")
+        elif mixtral_style:
+            assign(expert.gate_up_proj.weight, torch.cat([take(name + "w1.weight"), take(name + "w3.weight")]),
+                   name + "w1|w3")
+            assign(expert.down_proj.weight, take(name + "w2.weight"), name + "w2")
+        else:
+            assign(expert.gate_up_proj.weight,
+                   torch.cat([take(name + "gate_proj.weight"), take(name + "up_proj.weight")]), name + "gate|up")
+            assign(expert.down_proj.weight, take(name + "down_proj.weight"), name + "down_proj")
+    if moe.shared_expert is not None:
+        shared = block + "shared_expert."
+        assign(moe.shared_expert.gate_up_proj.weight,
+               torch.cat([take(shared + "gate_proj.weight"), take(shared + "up_proj.weight")]), shared + "gate|up")
+        assign(moe.shared_expert.down_proj.weight, take(shared + "down_proj.weight"), shared + "down_proj")
+        assign(moe.shared_expert_gate, take(block + "shared_expert_gate.weight"), block + "shared_expert_gate")

@@ -28,6 +28,13 @@ CONFIGS = {
     # Qwen3: per-head q/k RMSNorm
     "qwen3-qknorm": dict(cls="Qwen3Config", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=128, num_hidden_layers=2, head_dim=32),
+    # Mixtral: 8 experts, top-2 (renormalized), GQA
+    "mixtral-moe": dict(cls="MixtralConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=96, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2),
+    # Qwen2-MoE: top-4 of 6 experts (not renormalized), a gated shared expert, q/k/v bias, layer 1 dense
+    "qwen2moe-shared": dict(cls="Qwen2MoeConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=112, moe_intermediate_size=48, shared_expert_intermediate_size=80,
+                            num_experts=6, num_experts_per_tok=4, mlp_only_layers=[1], num_hidden_layers=2),
 }
 
 VOCAB = 256

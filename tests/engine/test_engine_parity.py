@@ -61,7 +61,7 @@ def test_requests_arriving_while_others_decode(name: str) -> None:
     assert [outputs[str(i)] for i in range(len(prompts))] == references(name, prompts)
 
 
-@pytest.mark.parametrize("name", ["llama-mha-hd32", "qwen2-bias", "mistral-swa"])
+@pytest.mark.parametrize("name", ["llama-mha-hd32", "qwen2-bias", "mistral-swa", "mixtral-moe"])
 def test_small_token_budget_forces_chunked_prefill(name: str) -> None:
     prompts = random_prompts([30, 23, 45, 6], seed=2)
     engine = engine_for(name, max_num_batched_tokens=8)
@@ -80,7 +80,7 @@ def test_small_token_budget_forces_chunked_prefill(name: str) -> None:
     assert [o.output_token_ids for o in outputs] == references(name, prompts)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-hd64", "qwen3-qknorm"])
+@pytest.mark.parametrize("name", ["llama-gqa-hd64", "qwen3-qknorm", "mixtral-moe", "qwen2moe-shared"])
 def test_tiny_kv_pool_preempts_and_still_matches(name: str) -> None:
     prompts = random_prompts([20, 25, 18, 30, 22], seed=3)
     # 16 blocks of 4 tokens hold one request at full length (<= 40 tokens) but not five.
@@ -90,7 +90,7 @@ def test_tiny_kv_pool_preempts_and_still_matches(name: str) -> None:
     assert [o.output_token_ids for o in outputs] == references(name, prompts)
 
 
-@pytest.mark.parametrize("name", ["llama-mha-hd32", "mistral-swa", "qwen2-bias"])
+@pytest.mark.parametrize("name", ["llama-mha-hd32", "mistral-swa", "qwen2-bias", "qwen2moe-shared"])
 def test_shared_prefixes_hit_the_prefix_cache(name: str) -> None:
     system = random_prompts([26], seed=4)[0]
     tails = random_prompts([3, 9, 1, 14], seed=5)

@@ -57,6 +57,41 @@ def test_tp2_greedy_equals_tp1_with_paging_prefix_caching_chunking_and_preemptio
     assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
 
 
+@pytest.mark.parametrize("name, expert_parallel", [("mixtral-moe", True), ("qwen2moe-shared", True),
+                                                    ("mixtral-moe", False)])
+def test_moe_ep2_and_tp2_equal_one_rank(name: str, expert_parallel: bool) -> None:
+    # Expert parallel: each rank holds half the experts whole, tokens go to them by all-to-all;
+    # otherwise each rank holds half of every expert. Attention is tensor parallel either way.
+    # Same setting as the dense case: paging, chunked prefill, prefix caching and preemption.
+    prompts = shared_prefix_prompts(seed=11)
+    config = dict(block_size=4, num_blocks=22, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=256)
+    results = {}
+    for world in (1, 2):
+        engine = LLMEngine.from_hf(hf_model(name), EngineConfig(tensor_parallel_size=world,
+                                                                expert_parallel=expert_parallel, **config))
+        try:
+            if world == 2 and expert_parallel:
+                moe = next(m for m in engine.model.modules() if type(m).__name__ == "SparseMoE")
+                assert moe.expert_parallel and len(moe.experts) == moe.num_experts // 2
+            results[world] = serve_staggered(engine, prompts)
+        finally:
+            engine.close()
+    tokens = {world: [o.output_token_ids for o in outs] for world, outs in results.items()}
+    assert tokens[2] == tokens[1]
+    assert tokens[1] == [hf_greedy(hf_model(name), p, MAX_NEW) for p in prompts]
+    assert sum(o.num_preemptions for o in results[2]) > 0
+    assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
+
+
+def test_expert_parallel_sizes_that_do_not_divide_the_experts_are_refused() -> None:
+    config = ModelConfig.from_hf(hf_model("qwen2moe-shared").config)  # 6 experts
+    import dataclasses
+    with pytest.raises(ValueError, match="does not divide the model's number of experts"):
+        shard_config(dataclasses.replace(config, expert_parallel=True), 4)
+    with pytest.raises(ValueError, match="expert_parallel needs a mixture-of-experts model"):
+        LLMEngine(ModelConfig.from_hf(hf_model("qwen2-bias").config), EngineConfig(expert_parallel=True))
+
+
 def test_tp2_row_parallel_biases_are_added_once() -> None:
     # o_proj and down_proj biases (Llama attention_bias / mlp_bias): the ranks' partial sums are
     # added up, so a bias on every rank would count world times.

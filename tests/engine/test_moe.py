@@ -1,0 +1,59 @@
+"""Mixture-of-experts feed-forward: batched dispatch, parameter counts, config errors. (Equality
+with transformers' Mixtral and Qwen2-MoE is in test_engine_parity.py; EP=2 in
+test_tensor_parallel.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.config import ModelConfig
+from engine.moe import Expert, SparseMoE
+from tests.tiny_models import hf_config, hf_model, random_prompts
+
+
+def test_one_gemm_per_expert_that_got_tokens_not_one_per_token(monkeypatch) -> None:
+    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), EngineConfig(block_size=4, num_blocks=128,
+                                                                     max_num_batched_tokens=128))
+    moe_layers = [m for m in engine.model.modules() if isinstance(m, SparseMoE)]
+    assert len(moe_layers) == 2
+    calls: list[int] = []
+    original = Expert.forward
+
+    def counting(self, x):
+        calls.append(x.shape[0])
+        return original(self, x)
+
+    monkeypatch.setattr(Expert, "forward", counting)
+    prompts = random_prompts([40, 33, 25], seed=3)  # 98 prompt tokens in one step
+    engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+    # One prefill step: each layer calls each of its 8 experts at most once, over rows that add up
+    # to every token's top-2 choices.
+    assert len(calls) <= 2 * 8
+    assert sum(calls) == 2 * 98 * 2
+
+
+def test_router_weights_are_transformers_topk() -> None:
+    config = ModelConfig.from_hf(hf_config("qwen2moe-shared"))
+    assert config.sparse_layers == (True, False) and not config.norm_topk_prob
+    moe = SparseMoE(config)
+    torch.nn.init.normal_(moe.gate)
+    x = torch.randn(5, config.hidden_size)
+    weights, experts = moe.route(x)
+    probs = torch.softmax(x @ moe.gate.T, dim=-1)
+    assert torch.allclose(weights, probs.gather(1, experts))  # not renormalized for Qwen2-MoE
+    assert (probs.gather(1, experts).min(dim=1).values >= probs.topk(4).values[:, -1] - 1e-7).all()
+
+
+@pytest.mark.parametrize("name", ["mixtral-moe", "qwen2moe-shared"])
+def test_parameter_count_matches_transformers(name: str) -> None:
+    model = hf_model(name)
+    assert ModelConfig.from_hf(model.config).num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_bad_expert_counts_are_refused_with_the_fix() -> None:
+    raw = hf_config("mixtral-moe").to_dict()
+    raw["num_experts_per_tok"] = 9
+    with pytest.raises(ValueError, match="num_experts_per_tok=9 must be between 1 and the 8 experts"):
+        ModelConfig.from_hf(raw)
