@@ -103,6 +103,13 @@ def generate(
                          "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
                          "steps": engine.num_steps, "tensor_parallel_size": tp, "quantization": quantization,
                          "kv_cache_dtype": kv_cache_dtype}
+    load = engine.expert_load()
+    if load:  # a mixture-of-experts model: how its router spread the rows, and the simulator's knob for it
+        from simulator.expert_routing import fit_routing_skew
+
+        per_expert = [sum(layer[e] for layer in load) for e in range(len(load[0]))]
+        summary["engine"]["expert_rows"] = per_expert
+        summary["engine"]["routing_skew"] = round(fit_routing_skew(per_expert), 3)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -158,6 +165,8 @@ def profile(
     max_batched_tokens: int = typer.Option(512, help="largest token count profiled for GEMMs and elementwise ops"),
     quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
     tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
+    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models under --tp: whole experts "
+                                         "per rank, and time the all-to-all that feeds them"),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice); "
                                                      "recorded in the profile's fingerprint"),
     quant: str = typer.Option("", help="also time weight-only quantized linear layers: e.g. int8,int4,fp8"),
@@ -174,6 +183,10 @@ def profile(
 
     try:
         config = _engine_model_config(model)
+        if expert_parallel:
+            if not config.num_experts:
+                raise ValueError(f"--expert-parallel needs a mixture-of-experts model; {model} is dense: drop it")
+            config = replace(config, expert_parallel=True)
         resolve_device(device)
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")

@@ -71,6 +71,10 @@ def plan_command(
     pp: str = typer.Option("1", help="candidate pipeline-parallel sizes"),
     speculation: str = typer.Option("none", help="candidate speculative decoding: none, ngram:G:A (G draft tokens, "
                                                  "acceptance rate A) or draft:G:A:MODEL, comma-separated"),
+    expert_parallel: str = typer.Option("off", "--expert-parallel", help="MoE models: candidate expert "
+                                        "placements under TP: off (a slice of every expert), on (whole experts "
+                                        "per rank, all-to-all) or off,on"),
+    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     growth: str = typer.Option("1", help="traffic growth factors to plan for, e.g. 1,2,4"),
     max_replicas: int = typer.Option(256, help="give up on a candidate beyond this many replicas"),
     workers: int = typer.Option(max(1, (os.cpu_count() or 1)), help="local processes (0: in this process)"),
@@ -99,13 +103,20 @@ def plan_command(
         for h in hardware_ids:
             get_accelerator(h)  # an unknown id is bad input, not an infeasible candidate
         options = [parse_speculation(x) for x in parse_list(speculation, str, "--speculation")]
-        candidates = [Candidate(h, q, t, p, **o) for h in hardware_ids for q in parse_list(quant, str, "--quant")
-                      for t in parse_list(tp, int, "--tp") for p in parse_list(pp, int, "--pp") for o in options]
+        placements = parse_list(expert_parallel, str, "--expert-parallel")
+        if any(x not in ("off", "on") for x in placements):
+            raise ValueError(f"--expert-parallel takes off, on or off,on, got {expert_parallel!r}")
+        # Expert parallelism only differs from TP over more than one rank.
+        candidates = [Candidate(h, q, t, p, **o, expert_parallel=e == "on") for h in hardware_ids
+                      for q in parse_list(quant, str, "--quant") for t in parse_list(tp, int, "--tp")
+                      for p in parse_list(pp, int, "--pp") for o in options for e in placements
+                      if e == "off" or t > 1]
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
         workload = load_workload(trace or default_trace(), seed=seed)
-        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed)
+        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed,
+                        knobs={"routing_skew": routing_skew} if routing_skew else {})
         for c in candidates:  # bad ids and values fail here, in one line, before any simulation
             try:
                 spec.config(c, 1)

@@ -134,6 +134,9 @@ def simulate_command(
     acceptance_file: Optional[Path] = typer.Option(None, help="measured acceptance.json (servecast train-pair)"),
     draft_model: Optional[str] = typer.Option(None, help="the draft's catalog id or config.json (--speculative draft)"),
     draft_profile: Optional[Path] = typer.Option(None, help="a profile of the draft on this hardware (*-local devices)"),
+    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank "
+                                         "with all-to-all, instead of a slice of every expert"),
+    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
 ) -> None:
@@ -152,7 +155,8 @@ def simulate_command(
                            hardware_file=str(hardware_file) if hardware_file else None,
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                            acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
-                           draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None)
+                           draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
+                           expert_parallel=expert_parallel, routing_skew=routing_skew)
         result = run_simulation(config, trace, rate_scale, as_json, console)
     except ValidationError as exc:
         fail(validation_message(exc))

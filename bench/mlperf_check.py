@@ -1,4 +1,5 @@
-"""Predicted vs published MLPerf Inference v4.1 Llama-2-70B Offline throughput (issue 4).
+"""Predicted vs published MLPerf Inference v4.1 Offline throughput: Llama-2-70B (issue 4) and
+Mixtral-8x7B (issue 7).
 
 Offline = every sample queued at once; the figure is output tokens/s of the whole system. The
 systems ran TensorRT-LLM with FP8 weights and KV cache; the simulator models them as replicas of
@@ -8,7 +9,15 @@ tensor-parallel degree NVIDIA used (H100: TP2; H200: TP1, the 70B model fits one
 Lengths: MLPerf's OpenOrca set averages about 291 output tokens per sample (derived in
 ../shared/reference/validation.md); its input statistics are not in ../shared, so inputs are an
 assumption stated here: lognormal with median 200 and sigma 0.7, capped at 1024 tokens, like the
-set's 1024-token cap. Prints the error per row; never passes or fails.
+set's 1024-token cap.
+
+Mixtral-8x7B: its set mixes OpenOrca, GSM8K and MBXP prompts and averages about 146 output tokens
+per sample (validation.md); inputs are assumed lognormal with median 300 and sigma 0.8 (capped at
+2048), outputs lognormal with mean ~146 (capped at 1024). Modeled as fp8 replicas with one GPU
+each (46.7 B fp8 parameters fit an H100's 80 GB), the router uniform. GH200 rows are skipped:
+the catalog has no GH200 entry (../shared has no spec sheet for it).
+
+Prints the error per row; never passes or fails.
 
     python bench/mlperf_check.py [--shared ../shared] [--per-replica 1500]
 """
@@ -25,9 +34,12 @@ from simulator.run import simulate
 from simulator.sim_config import SimConfig
 from simulator.workload import make_workload
 
-# MLPerf accelerator name -> (catalog id, tensor-parallel degree per replica).
-HARDWARE = {"NVIDIA H100-SXM-80GB": ("h100-sxm", 2), "NVIDIA H200-SXM-141GB": ("h200", 1),
-            "NVIDIA H200-SXM-141GB-CTS": ("h200", 1)}
+# benchmark -> (catalog model, max_model_len, {MLPerf accelerator name -> (catalog id, TP degree per replica)}).
+BENCHMARKS = {
+    "llama2-70b-99": ("llama-2-70b", 2048, {"NVIDIA H100-SXM-80GB": ("h100-sxm", 2), "NVIDIA H200-SXM-141GB": ("h200", 1),
+                                      "NVIDIA H200-SXM-141GB-CTS": ("h200", 1)}),
+    "mixtral-8x7b": ("mixtral-8x7b", 4096, {"NVIDIA H100-SXM-80GB": ("h100-sxm", 1), "NVIDIA H200-SXM-141GB": ("h200", 1)}),
+}
 
 
 def openorca_like(num: int, seed: int = 0):
@@ -38,14 +50,27 @@ def openorca_like(num: int, seed: int = 0):
     return make_workload("openorca-like", [(0.0, int(p), int(o), ()) for p, o in zip(prompt, output)])
 
 
-def published_rows(shared: Path) -> list[dict]:
+def mixtral_mix(num: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompt = np.minimum(2048, np.maximum(1, np.rint(300 * np.exp(0.8 * rng.standard_normal(num)))))
+    output = np.minimum(1024, np.maximum(1, np.rint(120 * np.exp(0.6 * rng.standard_normal(num)))))
+    return make_workload("mixtral-mix", [(0.0, int(p), int(o), ()) for p, o in zip(prompt, output)])
+
+
+WORKLOADS = {"llama2-70b-99": openorca_like, "mixtral-8x7b": mixtral_mix}
+
+
+def published_rows(shared: Path, benchmark: str) -> list[dict]:
     rows = []
+    hardware = BENCHMARKS[benchmark][2]
     with (shared / "reference" / "mlperf_inference_v4.1_llm_closed.csv").open(newline="") as f:
         for row in csv.DictReader(f):
-            if row["benchmark"] != "llama2-70b-99" or row["scenario"] != "Offline" or row["valid"] != "VALID":
+            if row["benchmark"] != benchmark or row["scenario"] != "Offline" or row["valid"] != "VALID":
                 continue
-            if row["accelerator"] in HARDWARE:
+            if row["accelerator"] in hardware:
                 rows.append(row)
+            else:
+                print(f"skipped {row['submitter']} / {row['system']}: no catalog entry for {row['accelerator']}")
     return rows
 
 
@@ -53,22 +78,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     parser.add_argument("--per-replica", type=int, default=1500, help="samples per replica in the simulated run")
+    parser.add_argument("--benchmark", choices=[*BENCHMARKS, "all"], default="all")
     args = parser.parse_args()
-    rows = published_rows(args.shared)
+    for benchmark in BENCHMARKS if args.benchmark == "all" else [args.benchmark]:
+        check(args.shared, benchmark, args.per_replica)
+
+
+def check(shared: Path, benchmark: str, per_replica: int) -> None:
+    model, max_model_len, hardware_of = BENCHMARKS[benchmark]
+    rows = published_rows(shared, benchmark)
     if not rows:
-        raise SystemExit("no Llama-2-70B H100/H200 rows found: check the CSV's columns")
+        raise SystemExit(f"no {benchmark} H100/H200 rows found: check the CSV's columns")
+    print(f"\n{benchmark} Offline ({model})")
     print(f"{'submitter / system':<58} {'GPUs':>4} {'published':>10} {'predicted':>10} {'error':>7}")
     cache: dict = {}
     errors = []
     for row in rows:
-        hardware, tp = HARDWARE[row["accelerator"]]
+        hardware, tp = hardware_of[row["accelerator"]]
         count = int(row["accelerators_total"])
         replicas = max(1, count // tp)
         key = (hardware, tp)
         if key not in cache:  # one replica's throughput; replicas of an Offline run are independent
-            config = SimConfig(model="llama-2-70b", hardware=hardware, tp=tp, quant="fp8", kv_dtype="fp8",
-                               max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=2048)
-            result = simulate(config, openorca_like(args.per_replica))
+            config = SimConfig(model=model, hardware=hardware, tp=tp, quant="fp8", kv_dtype="fp8",
+                               max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=max_model_len)
+            result = simulate(config, WORKLOADS[benchmark](per_replica))
             cache[key] = result.summary["throughput"]["output_tokens_per_s"]
         predicted = cache[key] * replicas
         published = float(row["tokens_per_s"])

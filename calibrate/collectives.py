@@ -1,4 +1,5 @@
-"""Time all-reduce over torch.distributed (gloo on CPU, NCCL on CUDA) across `world` local processes.
+"""Time all-reduce and all-to-all over torch.distributed (gloo on CPU, NCCL on CUDA) across `world`
+local processes.
 
 The profiler calls this for tensor-parallel profiles: one process group is started for all sizes,
 since starting processes costs far more than the collectives themselves.
@@ -25,7 +26,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, sizes: list[int], device_type: str, dtype_name: str,
+def _worker(rank: int, world: int, port: int, op: str, sizes: list[int], device_type: str, dtype_name: str,
             repeats: int, out: str) -> None:
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -35,16 +36,25 @@ def _worker(rank: int, world: int, port: int, sizes: list[int], device_type: str
         element = torch.empty((), dtype=dtype).element_size()
         results = {}
         for nbytes in sizes:
-            tensor = torch.ones(max(1, nbytes // element), dtype=dtype, device=device)
+            # all_to_all: each rank sends nbytes in all, an even share to every rank.
+            count = max(world, nbytes // element // world * world) if op == "all_to_all" else max(1, nbytes // element)
+            tensor = torch.ones(count, dtype=dtype, device=device)
+            received = torch.empty_like(tensor)
+
+            def collective() -> None:
+                if op == "all_to_all":
+                    dist.all_to_all_single(received, tensor)
+                else:
+                    dist.all_reduce(tensor)
             for _ in range(3):  # warm-up: connections and buffers
-                dist.all_reduce(tensor)
+                collective()
             times = []
             for _ in range(repeats):
                 dist.barrier()
                 if device_type == "cuda":
                     torch.cuda.synchronize(device)
                 t = time.perf_counter()
-                dist.all_reduce(tensor)
+                collective()
                 if device_type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - t)
@@ -55,14 +65,17 @@ def _worker(rank: int, world: int, port: int, sizes: list[int], device_type: str
         dist.destroy_process_group()
 
 
-def measure_all_reduce(world: int, sizes: list[int], device_type: str = "cpu", dtype_name: str = "float32",
+def measure_collective(op: str, world: int, sizes: list[int], device_type: str = "cpu", dtype_name: str = "float32",
                        repeats: int = 10) -> dict[int, float]:
-    """Median seconds of one all-reduce of each size (bytes) across `world` processes on this machine."""
+    """Median seconds of one `op` (all_reduce, all_to_all) of each size (bytes per rank) across
+    `world` processes on this machine."""
+    if op not in ("all_reduce", "all_to_all"):
+        raise ValueError(f"cannot time collective {op!r}: use all_reduce or all_to_all")
     if world < 2:
-        raise ValueError(f"an all-reduce needs a world of at least 2 processes, got {world}")
+        raise ValueError(f"an {op} needs a world of at least 2 processes, got {world}")
     if device_type == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"all-reduce over {world} GPUs asked for, but this machine has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "all_reduce.json")
-        mp.spawn(_worker, args=(world, _free_port(), sizes, device_type, dtype_name, repeats, out), nprocs=world)
+        out = os.path.join(folder, f"{op}.json")
+        mp.spawn(_worker, args=(world, _free_port(), op, sizes, device_type, dtype_name, repeats, out), nprocs=world)
         return {int(k): v for k, v in json.loads(Path(out).read_text()).items()}

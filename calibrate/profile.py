@@ -85,6 +85,10 @@ class ProfileGrid:
     # beside the plain cache's (kv_gather), so the simulator adds what dequantizing costs.
     kv_quant: tuple[str, ...] = ()
     kv_gather_tokens: tuple[int, ...] = (64, 256, 1024, 4096, 16384, 65536)
+    # Mixture-of-experts models: the routed experts timed at these rows per expert, for 1, 2, 4, ...
+    # up to all of a rank's experts getting rows (moe_experts); the router and dispatch at each
+    # token count (moe_dispatch).
+    expert_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     quant_group_size: int = 128
 
     @classmethod
@@ -252,6 +256,15 @@ class Profiler:
                 for batch in g.decode_batch[1:3]:
                     plan.append(("forward", dict(layers=layers, batch=batch, q_len=1, kv_len=g.decode_kv[max(len(g.decode_kv) - 2, 0)], spread=1,
                                                  extra_q=q, extra_kv=2 * q, **arch)))
+        if c.num_experts:
+            local = c.num_local_experts
+            for active in sorted({2 ** i for i in range(local.bit_length()) if 2 ** i <= local} | {local}):
+                for rows in g.expert_rows:
+                    plan.append(("moe_experts", dict(rows=rows, active=active, hidden=c.hidden_size,
+                                                     ffn=c.moe_intermediate_size, dtype=d)))
+            for m in g.tokens:
+                plan.append(("moe_dispatch", dict(tokens=m, experts=c.num_experts, top_k=c.experts_per_token,
+                                                  hidden=c.hidden_size, dtype=d)))
         for idle_ms in g.idle_ms:
             plan.append(("idle_wakeup", dict(idle_ms=idle_ms)))
         if self.tp > 1:
@@ -259,6 +272,12 @@ class Profiler:
             element = self.torch_dtype.itemsize
             for m in g.tokens:
                 plan.append(("all_reduce", dict(nbytes=m * c.hidden_size * element, world=self.tp)))
+            if c.num_experts and c.expert_parallel:
+                # Expert parallel: each rank's rows (its token share x top-k, hidden + the expert id)
+                # out to the experts' ranks and back.
+                for m in g.tokens:
+                    rows = -(-m // self.tp) * c.experts_per_token
+                    plan.append(("all_to_all", dict(nbytes=rows * (c.hidden_size + 1) * element, world=self.tp)))
         return plan
 
     def _attention_shapes(self) -> list[dict]:
@@ -303,10 +322,10 @@ class Profiler:
         for group in _groups(plan):
             todo = [(op, params) for op, params in group if Measurement.make(op, 1.0, **params).key not in done]
             times: dict[int, list[float]] = {i: [] for i in range(len(todo))}
-            if todo and todo[0][0] == "all_reduce":
-                from calibrate.collectives import measure_all_reduce
+            if todo and todo[0][0] in ("all_reduce", "all_to_all"):
+                from calibrate.collectives import measure_collective
 
-                measured = measure_all_reduce(self.tp, [p["nbytes"] for _, p in todo], self.device.type,
+                measured = measure_collective(todo[0][0], self.tp, [p["nbytes"] for _, p in todo], self.device.type,
                                               str(self.torch_dtype).removeprefix("torch."))
                 times = {i: [measured[p["nbytes"]]] for i, (_, p) in enumerate(todo)}
                 todo_passes = 0
@@ -379,6 +398,8 @@ class Profiler:
             yield self._forward(p)
         elif op == "idle_wakeup":
             yield self._idle_wakeup(p["idle_ms"])
+        elif op in ("moe_experts", "moe_dispatch"):
+            yield self._moe(op, p)
         else:
             raise ValueError(f"cannot profile op {op!r}")
 
@@ -473,6 +494,33 @@ class Profiler:
             chunks.append(ScheduledChunk(seq.request_id, kv_len - q_len, q_len, q_len > 1, True))
         out = SchedulerOutput(chunks)
         return lambda: runner.execute(out, requests, {})
+
+    def _moe(self, op: str, p: dict) -> Callable[[], object]:
+        """engine/moe.py's parts: `active` experts each over `rows` rows (one GEMM pair per expert,
+        as the engine runs them), or the router and the grouping and weighted sum of a step's rows
+        without the experts."""
+        from dataclasses import replace
+
+        from engine.moe import SparseMoE
+
+        c = self.model
+        experts = p["active"] if op == "moe_experts" else 1
+        moe = SparseMoE(replace(c, expert_parallel=False, num_local_experts=experts, shared_expert_intermediate_size=0))
+        with torch.no_grad():
+            for param in moe.parameters():
+                param.normal_(0.0, 0.02)
+        moe = moe.to(self.device, self.torch_dtype)
+        if self.device.type == "cpu":
+            for expert in moe.experts:
+                expert.gate_up_proj.pack_for_cpu()
+                expert.down_proj.pack_for_cpu()
+        if op == "moe_experts":
+            rows = self._tensor(p["rows"] * p["active"], c.hidden_size)
+            counts = [p["rows"]] * p["active"]
+            return lambda: moe._run_experts(rows, counts)
+        moe.experts = torch.nn.ModuleList()  # the dispatch alone: no expert computes
+        x = self._tensor(p["tokens"], c.hidden_size)
+        return lambda: moe._combine(x, *moe.route(x))
 
     def _idle_wakeup(self, idle_ms: int) -> Callable[[], float]:
         """A callable measuring the first step after idle_ms of sleep minus a back-to-back step

@@ -103,6 +103,13 @@ class LLMEngine:
         return model.prepare(self.device, self.dtype, self.config.quantization, self.config.quant_group_size,
                              self.config.pack_cpu_weights)
 
+    def expert_load(self) -> list[list[int]]:
+        """Rows routed to each expert so far, per mixture-of-experts layer (empty for a dense model;
+        under expert parallelism, what rank 0's share of the tokens routed)."""
+        from engine.moe import SparseMoE
+
+        return [m.expert_load.tolist() for m in self.model.modules() if isinstance(m, SparseMoE)]
+
     def close(self) -> None:
         """Stop the other tensor-parallel ranks' processes (also done when the engine is collected)."""
         if self.tp_workers is not None:

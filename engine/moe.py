@@ -71,6 +71,9 @@ class SparseMoE(nn.Module):
                               if config.shared_expert_intermediate_size else None)
         self.shared_expert_gate = (nn.Parameter(torch.empty(1, config.hidden_size))
                                    if config.shared_expert_intermediate_size else None)
+        # Rows routed to each expert since the model was built (this rank's tokens under expert
+        # parallelism): the measured imbalance the simulator's routing_skew is fitted to.
+        self.register_buffer("expert_load", torch.zeros(config.num_experts, dtype=torch.long), persistent=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, k] in x's dtype, expert ids [tokens, k]) -- transformers' router."""
@@ -98,7 +101,9 @@ class SparseMoE(nn.Module):
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         token_of = order // self.top_k
-        rows = self._run_experts(x[token_of], torch.bincount(flat, minlength=self.num_experts).tolist())
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        self.expert_load += counts
+        rows = self._run_experts(x[token_of], counts.tolist())
         rows = rows * weights.reshape(-1)[order].unsqueeze(-1)
         out = torch.zeros_like(x).index_add_(0, token_of, rows)
         if self.group is not None and self.group.world > 1:
@@ -127,6 +132,7 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # by expert, hence by the rank that holds it
         token_of = order // self.top_k
         sorted_experts = flat[order]
+        self.expert_load += torch.bincount(flat, minlength=self.num_experts)
         send_counts = torch.bincount(sorted_experts // self.num_local, minlength=world)
         recv_counts = group.all_to_all(send_counts.view(world, 1), [1] * world, [1] * world).view(-1)
         send, recv = send_counts.tolist(), recv_counts.tolist()

@@ -29,6 +29,7 @@ import numpy as np
 from engine.decode_groups import padded_decode_batches
 from simulator.catalog.hardware import Accelerator, canonical_dtype, get_accelerator
 from simulator.catalog.models import ModelSpec
+from simulator.expert_routing import step_load
 from simulator.efficiency import (
     DTYPE_BYTES,
     EfficiencyCurve,
@@ -251,6 +252,10 @@ class CostModel:
             model.fit_to(profile)
             model.fit_framework(profile)
         return model
+
+    @property
+    def _moe_expert_keys(self) -> list[tuple]:
+        return [k for k in self._series if k[0] == "moe_experts"]
 
     def _index(self, profile: Profile) -> None:
         points: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
@@ -645,7 +650,8 @@ class CostModel:
 
     # -- a whole step -------------------------------------------------------------------------
     def step_time(self, chunks: Sequence[Chunk], model: ModelSpec, tp: int = 1, dtype: str = "bf16",
-                  include_host: bool = True, block_size: int | None = None) -> StepCost:
+                  include_host: bool = True, block_size: int | None = None, expert_parallel: bool = False,
+                  routing_skew: float = 0.0) -> StepCost:
         """Time of one engine step computing the given chunks: every layer's GEMMs over all tokens,
         attention per chunk (prefill chunks one by one, decodes batched), KV writes, norms, rotary,
         activation and residual adds, the LM head and sampling for the sampled rows, all-reduces
@@ -655,7 +661,8 @@ class CostModel:
         cost = StepCost(0.0)
         if not chunks:
             return cost
-        self.add_token_ops(cost, sum(c.num_tokens for c in chunks), model, tp, dtype)
+        self.add_token_ops(cost, sum(c.num_tokens for c in chunks), model, tp, dtype,
+                           expert_parallel=expert_parallel, routing_skew=routing_skew)
         for c in chunks:
             if c.num_tokens > 1 and not c.verify:
                 self.add_prefill_attention(cost, c.num_tokens, c.context_len, model, tp, dtype)
@@ -678,34 +685,147 @@ class CostModel:
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.
     def add_token_ops(self, cost: StepCost, tokens: int, model: ModelSpec, tp: int, dtype: str,
-                      layers: int | None = None, weight_dtype: str | None = None) -> None:
+                      layers: int | None = None, weight_dtype: str | None = None, expert_parallel: bool = False,
+                      routing_skew: float = 0.0) -> None:
         """Operators whose work follows the step's token count, over `layers` layers (default all):
-        the linear layers, KV writes, norms, rotary, activation, residual adds and TP all-reduces."""
+        the linear layers, KV writes, norms, rotary, activation, residual adds and TP all-reduces;
+        for a mixture-of-experts model, its MoE layers' feed-forward as add_moe costs it."""
         dtype = canonical_dtype(dtype)
         layers = model.num_layers if layers is None else layers
+        moe_layers = round(layers * model.num_moe_layers / model.num_layers)
+        dense_layers = layers - moe_layers
         heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
         shapes = model.linear_shapes(tp)
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             n, k = shapes[name]
-            m, count = tokens, layers
-            if model.num_experts > 1 and name in ("gate_up_proj", "down_proj"):
-                # Tokens spread over the experts they route to; every touched expert runs a GEMM.
-                touched = min(model.num_experts, tokens * model.experts_per_token)
-                m = max(1, math.ceil(tokens * model.experts_per_token / touched))
-                count = layers * touched
-            cost.add(name, self.predict_gemm(m, n, k, dtype, name, weight_dtype), count)
+            count = dense_layers if name in ("gate_up_proj", "down_proj") else layers
+            if count:
+                cost.add(name, self.predict_gemm(tokens, n, k, dtype, name, weight_dtype), count)
         cost.add("kv_write", self.predict_kv_write(tokens, kv_heads, model.head_dim, dtype), layers)
         widths = {"rms_norm": model.hidden_size, "rope": (heads + kv_heads) * model.head_dim,
                   "swiglu": model.intermediate_size // tp, "add": model.hidden_size}
         for name, width in widths.items():
             per_layer = 2 if name in ("rms_norm", "add") else 1
-            cost.add(name, self.predict_elementwise(name, tokens, width, dtype), per_layer * layers)
+            count = per_layer * (dense_layers if name == "swiglu" else layers)
+            if count:
+                cost.add(name, self.predict_elementwise(name, tokens, width, dtype), count)
         if tp > 1:
             # After attention and after the MLP of every layer, and (whole model) after the
-            # vocabulary-parallel embedding.
+            # vocabulary-parallel embedding. (An expert-parallel MoE layer's exchange is add_moe's.)
             nbytes = tokens * model.hidden_size * DTYPE_BYTES[dtype]
-            count = 2 * layers + (1 if layers == model.num_layers else 0)
+            count = 2 * layers + (1 if layers == model.num_layers else 0) - (moe_layers if expert_parallel else 0)
             cost.add("all_reduce", self.predict_all_reduce(nbytes, tp), count)
+        if moe_layers:
+            self.add_moe(cost, tokens, model, tp, dtype, moe_layers, weight_dtype, expert_parallel, routing_skew)
+
+    def add_moe(self, cost: StepCost, tokens: int, model: ModelSpec, tp: int, dtype: str, layers: int,
+                weight_dtype: str | None = None, expert_parallel: bool = False, routing_skew: float = 0.0) -> None:
+        """The feed-forward of `layers` MoE layers for a step of `tokens` tokens (engine/moe.py):
+        - router, dispatch and combine (moe_dispatch: measured where profiled);
+        - the routed experts: the expected experts touched and rows per expert at this token count
+          (simulator/expert_routing.py) -- few tokens touch few experts and read only their weights,
+          many touch all and run them compute-bound; on the most loaded rank under expert
+          parallelism (every rank waits for it). Measured (moe_experts) where profiled, otherwise
+          one GEMM pair per touched expert from the GEMM model;
+        - the shared expert, every token;
+        - under expert parallelism, the all-to-all out and back of each rank's share of the rows
+          and the gather of the token shares; under tensor parallelism, the shared expert's own
+          all-reduce (the routed experts' is the per-layer one of add_token_ops)."""
+        element = DTYPE_BYTES[dtype]
+        ranks = tp if expert_parallel else 1
+        load = step_load(tokens, model.num_experts, model.experts_per_token, routing_skew, ranks)
+        shapes = model.expert_shapes(tp, expert_parallel)
+        cost.add("moe_dispatch", self.predict_moe_dispatch(tokens, model.num_experts, model.experts_per_token,
+                                                           model.hidden_size, dtype), layers)
+        cost.add("moe_experts", self.predict_moe_experts(load.rows_per_expert, load.active_experts, model.hidden_size,
+                                                         shapes["expert_down"][1], dtype, weight_dtype), layers)
+        if "shared_gate_up" in shapes:
+            for name in ("shared_gate_up", "shared_down"):
+                n, k = shapes[name]
+                cost.add(name, self.predict_gemm(tokens, n, k, dtype, "gate_up_proj" if "gate_up" in name
+                                                 else "down_proj", weight_dtype), layers)
+            cost.add("swiglu", self.predict_elementwise("swiglu", tokens, shapes["shared_down"][1], dtype), layers)
+            if tp > 1:
+                cost.add("all_reduce", self.predict_all_reduce(tokens * model.hidden_size * element, tp), layers)
+        if expert_parallel and tp > 1:
+            share = -(-tokens // tp)
+            rows_bytes = share * model.experts_per_token * (model.hidden_size + 1) * element
+            cost.add("all_to_all", self.predict_all_to_all(rows_bytes, tp), 2 * layers)
+            # The token shares gathered back: a ring all-gather moves about what an all-reduce of
+            # half the bytes does.
+            cost.add("all_reduce", self.predict_all_reduce(tokens * model.hidden_size * element // 2, tp), layers)
+
+    def predict_moe_experts(self, rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,
+                            weight_dtype: str | None = None) -> Prediction:
+        """Seconds of one MoE layer's routed experts: `active` experts each computing its SwiGLU MLP
+        (hidden -> ffn -> hidden) over rows_per_expert rows. Measured (moe_experts, per number of
+        active experts over rows per expert, interpolated between measured expert counts) where
+        the profile has this shape in this dtype -- servecast's engine runs a GEMM per expert;
+        otherwise grouped GEMMs over all the experts' rows."""
+        dtype = canonical_dtype(dtype)
+        if active <= 0:
+            return Prediction(0.0, "measured", 0.0)
+        rows = max(1, round(rows_per_expert))
+        measured = sorted(a for (op, a, h, f, d) in self._moe_expert_keys if (h, f, d) == (hidden, ffn, dtype)) \
+            if weight_dtype in (None, dtype) else []
+        if measured:
+            def at(a: int) -> tuple[float, str]:
+                return self._series[("moe_experts", a, hidden, ffn, dtype)].at(rows)
+            i = bisect.bisect_left(measured, active)
+            if i < len(measured) and measured[i] == active:
+                t, provenance = at(measured[i])
+            elif i == len(measured):  # more experts than measured: proportionally more
+                t, provenance = at(measured[-1])
+                t, provenance = t * active / measured[-1], "extrapolated"
+            elif i == 0:
+                t, provenance = at(measured[0])
+                t = t * active / measured[0]
+            else:
+                (t0, p0), (t1, p1) = at(measured[i - 1]), at(measured[i])
+                t = t0 + (t1 - t0) * (active - measured[i - 1]) / (measured[i] - measured[i - 1])
+                provenance = p0 if p0 == p1 else "interpolated"
+            return Prediction(t, provenance, self.errors[provenance])
+        # Serving stacks run a layer's experts as grouped GEMMs (vLLM's fused_moe: one kernel over
+        # every expert's rows), not a kernel per expert: two operators whose work is all the rows'
+        # FLOPs and the touched experts' weights.
+        total_rows = rows_per_expert * active
+        weight_bytes = WEIGHT_BYTES.get(weight_dtype or dtype, DTYPE_BYTES[dtype])
+        element = DTYPE_BYTES[dtype]
+        t = 0.0
+        for name, (n, k) in (("gate_up_proj", (2 * ffn, hidden)), ("down_proj", (hidden, ffn))):
+            flops = 2.0 * total_rows * n * k
+            nbytes = active * n * k * weight_bytes + total_rows * (n + k) * element
+            t += self._model(curve_key("gemm", name), flops, nbytes, dtype).time_s
+        t += self.predict_elementwise("swiglu", max(1, round(total_rows)), ffn, dtype).time_s
+        return Prediction(t, "extrapolated", self.errors.get("unvalidated", 0.5))
+
+    def predict_moe_dispatch(self, tokens: int, num_experts: int, top_k: int, hidden: int, dtype: str) -> Prediction:
+        """Router scores, top-k, grouping the (token, expert) rows by expert and the weighted sum back
+        (engine/moe.py without the experts): measured where profiled, otherwise the router GEMM and
+        two passes over the rows."""
+        dtype = canonical_dtype(dtype)
+
+        def modeled() -> Prediction:
+            t = (self.predict_gemm(tokens, num_experts, hidden, dtype, "router").time_s
+                 + 2 * self.predict_elementwise("add", tokens * top_k, hidden, dtype).time_s)
+            return Prediction(t, "extrapolated", self.errors.get("unvalidated", 0.5))
+        return self._lookup(("moe_dispatch", num_experts, top_k, hidden, dtype), tokens, modeled)
+
+    def predict_all_to_all(self, nbytes: int, world: int) -> Prediction:
+        """One all-to-all in which each rank sends nbytes in all (an even share to every rank):
+        measured (all_to_all) where profiled, otherwise (w-1)/w of the bytes over each link plus the
+        all-reduce's fixed and per-hop latency."""
+        if world <= 1:
+            return Prediction(0.0, "measured", 0.0)
+        link = (self.accelerator.interconnect_gbps or 64) * 1e9
+        c = self.collective
+
+        def modeled() -> Prediction:
+            t = c["base_s"] + c["per_hop_s"] * (world - 1) + (world - 1) / world * nbytes / (
+                c["link_efficiency"] * link)
+            return Prediction(t, "extrapolated", self.errors.get("by_curve", {}).get(
+                "all_reduce", self.errors.get("unvalidated", 0.5)))
+        return self._lookup(("all_to_all", world), nbytes, modeled)
 
     def add_prefill_attention(self, cost: StepCost, num_tokens: int, context_len: int, model: ModelSpec, tp: int,
                               dtype: str, layers: int | None = None) -> None:
@@ -811,8 +931,12 @@ def _series_key(m: Measurement) -> tuple[tuple | None, int]:
         return ("step_overhead",), p["batch"]
     if m.op == "idle_wakeup":
         return ("idle_wakeup",), p["idle_ms"]
-    if m.op == "all_reduce":
-        return ("all_reduce", p["world"]), p["nbytes"]
+    if m.op in ("all_reduce", "all_to_all"):
+        return (m.op, p["world"]), p["nbytes"]
+    if m.op == "moe_experts":
+        return ("moe_experts", p["active"], p["hidden"], p["ffn"], canonical_dtype(p["dtype"])), p["rows"]
+    if m.op == "moe_dispatch":
+        return ("moe_dispatch", p["experts"], p["top_k"], p["hidden"], canonical_dtype(p["dtype"])), p["tokens"]
     if m.op == "kv_gather":
         return ("kv_gather", p["num_kv_heads"], p["head_dim"], canonical_dtype(p["dtype"]), p["kv_dtype"]), p["tokens"]
     if m.op == "attention_verify":

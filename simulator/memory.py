@@ -73,7 +73,11 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: str, tp: int, pp: int) -> 
 
 
 def activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int) -> float:
-    h, ffn = model.hidden_size, model.intermediate_size * max(model.experts_per_token, 1)
+    # The widest feed-forward a token goes through: a dense MLP, or its k experts and the shared one.
+    h = model.hidden_size
+    ffn = max(model.intermediate_size if model.num_dense_layers or not model.is_moe else 0,
+              model.expert_intermediate_size * model.experts_per_token + model.shared_expert_intermediate_size
+              if model.is_moe else 0)
     qkv = (model.q_size + 2 * model.kv_size) / tp
     per_token = (4 * h + qkv + 3 * ffn / tp) * 2.0  # 16-bit activations, live at once at the MLP
     logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size / tp * 4.0  # fp32 logits

@@ -76,6 +76,11 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
                 "num_kv_heads", "head_dim", "vocab", "block_size", "dtype"),
     "all_reduce": ("nbytes", "world"),
     "send_recv": ("nbytes",),
+    # Mixture of experts (engine/moe.py): `active` experts each over `rows` rows; the router and the
+    # grouping / weighted sum of a step's rows; the expert-parallel exchange (nbytes per rank).
+    "moe_experts": ("rows", "active", "hidden", "ffn", "dtype"),
+    "moe_dispatch": ("tokens", "experts", "top_k", "hidden", "dtype"),
+    "all_to_all": ("nbytes", "world"),
 }
 
 

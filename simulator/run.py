@@ -73,7 +73,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
     if timer is None:
         timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
-                          config.block_size)
+                          config.block_size, expert_parallel=config.expert_parallel,
+                          routing_skew=config.routing_skew)
     env = simpy.Environment()
     clock = ArrivalClock(workload.requests[0].arrival_s)
     recorder = Recorder()

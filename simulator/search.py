@@ -34,12 +34,14 @@ class Candidate:
     num_speculative_tokens: int = 0
     acceptance: float | None = None
     draft_model: str | None = None
+    expert_parallel: bool = False  # MoE models: whole experts per TP rank
 
     @property
     def label(self) -> str:
         spec = f" spec={self.speculative}x{self.num_speculative_tokens}" if self.speculative else ""
         pp = f" pp={self.pp}" if self.pp > 1 else ""
-        return f"{self.hardware} {self.quant} tp={self.tp}{pp}{spec}"
+        ep = " ep" if self.expert_parallel else ""
+        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}"
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,11 @@ class SimConfig(BaseModel):
     draft_model: str | None = Field(default=None, description="the draft's catalog id or config.json (speculative=draft)")
     draft_profile: str | None = Field(default=None, description="a profile of the draft on this hardware "
                                                                 "(default: the target's cost model, draft shapes)")
+    # Mixture-of-experts models (simulator/expert_routing.py): whole experts per tensor-parallel rank
+    # with all-to-all (expert parallel) instead of a slice of every expert; the router's imbalance
+    # (0: uniform; s > 0: Zipf shares 1/(e+1)^s, a few hot experts).
+    expert_parallel: bool = False
+    routing_skew: float = Field(default=0.0, ge=0.0, le=4.0)
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -154,6 +159,14 @@ class SimConfig(BaseModel):
             divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and d <= 16]
             raise ValueError(f"tp={self.tp} does not divide {model.name}'s {model.num_heads} attention heads: "
                              f"use tp in {divisors}")
+        if self.expert_parallel:
+            if not model.is_moe:
+                raise ValueError(f"expert_parallel needs a mixture-of-experts model; {model.name} is dense: drop it")
+            if model.num_experts % self.tp:
+                divisors = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0
+                            and model.num_heads % d == 0]
+                raise ValueError(f"expert parallel over tp={self.tp} ranks cannot split {model.name}'s "
+                                 f"{model.num_experts} experts evenly: use tp in {divisors}")
         if self.pp > model.num_layers:
             raise ValueError(f"pp={self.pp} exceeds {model.name}'s {model.num_layers} layers: use pp <= {model.num_layers}")
         if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:

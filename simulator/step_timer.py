@@ -54,6 +54,9 @@ class StepTimer:
     kv_dtype: str | None = None
     block_size: int = 16
     split: TimeSplit = field(default_factory=TimeSplit)
+    # Mixture-of-experts models (CostModel.add_moe): whole experts per rank, and the router's skew.
+    expert_parallel: bool = False
+    routing_skew: float = 0.0
 
     def __post_init__(self) -> None:
         self.last_sampled = 0  # rows that sampled a token in the last step timed
@@ -75,11 +78,16 @@ class StepTimer:
         self._overhead: dict[int, float] = {}
         m, tp = self.model, self.tp
         shapes = m.linear_shapes(tp)
-        per_token_linear = sum(n * k for name, (n, k) in shapes.items() if name != "lm_head") * m.num_layers
-        if m.num_experts > 1:
-            n, k = shapes["gate_up_proj"]
-            n2, k2 = shapes["down_proj"]
-            per_token_linear += (m.experts_per_token - 1) * (n * k + n2 * k2) * m.num_layers
+        # Per token: attention and dense-MLP projections, and in MoE layers its k experts and the shared one.
+        per_token_linear = ((shapes["qkv_proj"][0] * shapes["qkv_proj"][1] + shapes["o_proj"][0] * shapes["o_proj"][1])
+                            * m.num_layers + (shapes["gate_up_proj"][0] * shapes["gate_up_proj"][1]
+                                              + shapes["down_proj"][0] * shapes["down_proj"][1])
+                            * (m.num_layers - m.num_moe_layers))
+        if m.is_moe:
+            experts = m.expert_shapes(tp)
+            per_layer = m.experts_per_token * sum(n * k for name, (n, k) in experts.items() if name.startswith("expert_"))
+            per_layer += sum(n * k for name, (n, k) in experts.items() if name.startswith("shared_"))
+            per_token_linear += per_layer * m.num_moe_layers
         self._flops_per_token = 2.0 * per_token_linear
         self._flops_per_sample = 2.0 * shapes["lm_head"][0] * shapes["lm_head"][1]
         self._attention_flops_per_key = 4.0 * (m.num_heads // tp) * m.head_dim * m.num_layers
@@ -101,7 +109,8 @@ class StepTimer:
         """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
         def compute() -> tuple[float, float]:
             cost = StepCost(0.0)
-            self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype, weight_dtype=self.weight_dtype)
+            self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype, weight_dtype=self.weight_dtype,
+                                          expert_parallel=self.expert_parallel, routing_skew=self.routing_skew)
             comm = cost.by_operator.get("all_reduce", 0.0)
             if self.pp > 1:
                 nbytes = tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]

@@ -10,7 +10,7 @@ import streamlit as st
 from app.dashboard.widgets import trace_input
 from app.html_report import pareto_figure
 from app.plan_command import priced_gpus
-from simulator.catalog.models import catalog_model_ids
+from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.planner import run_plan
 from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
 
@@ -20,7 +20,8 @@ def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: t
                 workers: int) -> list[dict]:
     """Rows of a plan; a repeated question (same inputs) is answered from the cache at once."""
     spec = PlanSpec(model, _workload, dict(slo))
-    result = run_plan(spec, [Candidate(*c) for c in candidates], growth, workers=workers)
+    result = run_plan(spec, [Candidate(h, q, t, expert_parallel=e) for h, q, t, e in candidates], growth,
+                      workers=workers)
     return [r.row() for r in result.results]
 
 
@@ -39,6 +40,9 @@ def main() -> None:
         quant = st.multiselect("Weight precision", ["bf16", "fp8", "int8", "int4"], default=["bf16", "fp8"],
                                key="quant")
         tp = st.multiselect("Tensor parallelism", [1, 2, 4, 8], default=[1, 2], key="tp")
+        placements = st.multiselect("Experts under TP (mixture-of-experts models)",
+                                    ["sliced (TP)", "whole per rank (EP)"], default=["sliced (TP)"], key="ep",
+                                    help="EP: each rank holds whole experts and tokens travel to them (all-to-all)")
         growth = st.multiselect("Traffic growth", [1.0, 2.0, 4.0], default=[1.0], key="growth")
         slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
                                       key="slo_sensitivity")
@@ -49,7 +53,9 @@ def main() -> None:
         if not (hardware and quant and tp and growth):
             st.warning("Choose at least one hardware, precision, TP size and growth factor.")
             return
-        candidates = tuple((h, q, t) for h in hardware for q in quant for t in tp)
+        moe = load_model(model).is_moe
+        modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
+        candidates = tuple((h, q, t, e) for h in hardware for q in quant for t in tp for e in modes if t > 1 or not e)
         slo = (("ttft_p99", float(ttft)), ("tpot_p99", float(tpot) / 1e3))
         factors = (1.0, 0.5, 2.0) if slo_sensitivity else (1.0,)
         by_slo = {}

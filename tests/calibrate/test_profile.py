@@ -94,6 +94,28 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
         Profiler(ModelConfig.from_hf(TINY), tp=3)
 
 
+def test_moe_profile_times_experts_dispatch_and_all_to_all_and_the_cost_model_reads_them(tmp_path) -> None:
+    import dataclasses
+
+    raw = dict(TINY, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    config = dataclasses.replace(ModelConfig.from_hf(raw), expert_parallel=True)
+    path = tmp_path / "moe.jsonl"
+    profile = Profiler(config, grid=dataclasses.replace(ProfileGrid.quick(), expert_rows=(1, 8)), tp=2).run(path)
+    experts = profile.of("moe_experts")
+    # Expert parallel over 2 ranks: each holds 2 whole experts, timed with 1 and 2 of them active.
+    assert {(m.get("active"), m.get("rows")) for m in experts} == {(1, 1), (1, 8), (2, 1), (2, 8)}
+    assert {m.get("ffn") for m in experts} == {TINY["intermediate_size"]}
+    assert {m.get("tokens") for m in profile.of("moe_dispatch")} == set(ProfileGrid.quick().tokens)
+    assert {m.get("world") for m in profile.of("all_to_all")} == {2}
+    model = CostModel.load("cpu-local", profile=path)
+    point = experts[0]
+    p = model.predict_moe_experts(point.get("rows"), point.get("active"), 64, TINY["intermediate_size"], "fp32")
+    assert p.provenance == "measured" and p.time_s == pytest.approx(point.time_s)
+    spec = ModelSpec.from_hf_dict(raw, "tiny-moe")
+    step = model.step_time([Chunk(1, 32)] * 8, spec, tp=2, dtype="fp32", expert_parallel=True)
+    assert step.provenance["moe_dispatch"] == "measured" and step.provenance["all_to_all"] == "measured"
+
+
 def test_attention_is_planned_at_other_head_dims_and_query_groups() -> None:
     """hidden 64: 4 query / 2 KV heads of 16; at head dim 32: 2/1; each also with 1 and 4 query heads per KV head."""
     grid = ProfileGrid(attention_head_dims=(32,), attention_groups=(1, 4))

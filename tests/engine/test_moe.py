@@ -57,3 +57,17 @@ def test_bad_expert_counts_are_refused_with_the_fix() -> None:
     raw["num_experts_per_tok"] = 9
     with pytest.raises(ValueError, match="num_experts_per_tok=9 must be between 1 and the 8 experts"):
         ModelConfig.from_hf(raw)
+
+
+def test_the_engine_counts_rows_per_expert_and_the_skew_fit_reads_them() -> None:
+    from simulator.expert_routing import expert_shares, fit_routing_skew
+
+    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), EngineConfig(block_size=4, num_blocks=128))
+    prompts = random_prompts([12, 30, 7], seed=5)
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    load = engine.expert_load()
+    computed = sum(len(p) for p in prompts) + sum(len(o.output_token_ids) - 1 for o in outputs)
+    assert len(load) == 2 and all(sum(layer) == 2 * computed for layer in load)
+    # The fit recovers the exponent of Zipf-shaped loads, and finds uniform loads unskewed.
+    assert fit_routing_skew([round(1e6 * s) for s in expert_shares(8, 1.3)]) == pytest.approx(1.3, abs=0.01)
+    assert fit_routing_skew([100] * 8) == pytest.approx(0.0, abs=0.01)

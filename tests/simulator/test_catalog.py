@@ -65,6 +65,20 @@ def test_model_catalog_parameter_counts() -> None:
     assert (mixtral.num_experts, mixtral.experts_per_token) == (8, 2)
 
 
+@pytest.mark.parametrize("model_id, total, active, tolerance", [
+    # Published total / active parameters (billions). Llama 4 Scout's 109 B include its vision
+    # encoder, which the text model here leaves out; DeepSeek's MLA is modeled as a KV head pair of
+    # its latent's width (the module docstring), a few hundred million more attention weights.
+    ("mixtral-8x7b", 46.7, 12.9, 0.01), ("mixtral-8x22b", 141.0, 39.0, 0.01),
+    ("qwen1.5-moe-a2.7b", 14.3, 2.7, 0.01), ("llama-4-scout", 109.0, 17.0, 0.03),
+    ("deepseek-v2-lite", 15.7, 2.4, 0.2)])
+def test_moe_catalog_models_count_all_experts_and_the_active_ones(model_id, total, active, tolerance) -> None:
+    spec = load_model(model_id)
+    assert spec.is_moe
+    assert spec.num_parameters() / 1e9 == pytest.approx(total, rel=tolerance)
+    assert spec.active_parameters() / 1e9 == pytest.approx(active, rel=tolerance)
+
+
 def test_any_hf_config_json_loads(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, '
                                           '"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, '
