@@ -240,6 +240,10 @@ class Profiler:
                     num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, vocab=c.vocab_size, block_size=g.block_size,
                     dtype=d)
         for layers in sorted({min(n, c.num_layers) for n in g.forward_layers}):
+            if c.num_experts:  # the forward's own layers: its experts and which of them are dense
+                arch = dict(arch, experts=c.num_experts, top_k=c.experts_per_token, moe_ffn=c.moe_intermediate_size,
+                            shared_ffn=c.shared_expert_intermediate_size,
+                            dense_layers=sum(1 for sparse in c.sparse_layers[:layers] if not sparse))
             none = dict(extra_q=0, extra_kv=0)
             for batch in g.decode_batch:
                 for kv in g.decode_kv:
@@ -505,19 +509,28 @@ class Profiler:
 
         c = self.model
         experts = p["active"] if op == "moe_experts" else 1
-        moe = SparseMoE(replace(c, expert_parallel=False, num_local_experts=experts, shared_expert_intermediate_size=0))
-        with torch.no_grad():
-            for param in moe.parameters():
-                param.normal_(0.0, 0.02)
-        moe = moe.to(self.device, self.torch_dtype)
-        if self.device.type == "cpu":
-            for expert in moe.experts:
-                expert.gate_up_proj.pack_for_cpu()
-                expert.down_proj.pack_for_cpu()
+
+        def build() -> SparseMoE:
+            moe = SparseMoE(replace(c, expert_parallel=False, num_local_experts=experts,
+                                    shared_expert_intermediate_size=0))
+            with torch.no_grad():
+                for param in moe.parameters():
+                    param.normal_(0.0, 0.02)
+            moe = moe.to(self.device, self.torch_dtype)
+            if self.device.type == "cpu":
+                for expert in moe.experts:
+                    expert.gate_up_proj.pack_for_cpu()
+                    expert.down_proj.pack_for_cpu()
+            return moe
         if op == "moe_experts":
+            # Rotated through copies, like a GEMM's weights: in a step the experts are read after the
+            # rest of the model has been through the caches.
+            copies = [build() for _ in range(self._weight_copies(experts * 3 * c.hidden_size * c.moe_intermediate_size))]
             rows = self._tensor(p["rows"] * p["active"], c.hidden_size)
             counts = [p["rows"]] * p["active"]
-            return lambda: moe._run_experts(rows, counts)
+            turn = itertools.cycle(copies)
+            return lambda: next(turn)._run_experts(rows, counts)
+        moe = build()
         moe.experts = torch.nn.ModuleList()  # the dispatch alone: no expert computes
         x = self._tensor(p["tokens"], c.hidden_size)
         return lambda: moe._combine(x, *moe.route(x))

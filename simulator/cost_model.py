@@ -605,7 +605,10 @@ class CostModel:
             p = dict(m.params)
             spec = ModelSpec(name="profiled", model_type="llama", num_layers=p["layers"], hidden_size=p["hidden"],
                              intermediate_size=p["ffn"], num_heads=p["num_heads"], num_kv_heads=p["num_kv_heads"],
-                             head_dim=p["head_dim"], vocab_size=p["vocab"], max_position_embeddings=p["kv_len"])
+                             head_dim=p["head_dim"], vocab_size=p["vocab"], max_position_embeddings=p["kv_len"],
+                             num_experts=max(1, p["experts"]), experts_per_token=max(1, p["top_k"]),
+                             moe_intermediate_size=p["moe_ffn"], shared_expert_intermediate_size=p["shared_ffn"],
+                             num_dense_layers=p["dense_layers"])
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
@@ -765,7 +768,7 @@ class CostModel:
         dtype = canonical_dtype(dtype)
         if active <= 0:
             return Prediction(0.0, "measured", 0.0)
-        rows = max(1, round(rows_per_expert))
+        rows = max(1.0, rows_per_expert)  # fractional: some experts get one row more than others
         measured = sorted(a for (op, a, h, f, d) in self._moe_expert_keys if (h, f, d) == (hidden, ffn, dtype)) \
             if weight_dtype in (None, dtype) else []
         if measured:

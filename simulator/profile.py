@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 # Keys that may be 0 (all others must be positive), with their value when a line omits them.
-ZERO_KEYS = {"extra_q": 0, "extra_kv": 0, "spread": 0}
+# Keys that may be absent (read as 0): a forward of a dense model has no experts.
+ZERO_KEYS = {"extra_q": 0, "extra_kv": 0, "spread": 0, "experts": 0, "top_k": 0, "moe_ffn": 0, "shared_ffn": 0,
+             "dense_layers": 0}
 FORMAT = "servecast-profile"
 VERSION = 1
 
@@ -73,7 +75,10 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "step_overhead": ("batch",),
     "idle_wakeup": ("idle_ms",),
     "forward": ("layers", "batch", "q_len", "kv_len", "spread", "extra_q", "extra_kv", "hidden", "ffn", "num_heads",
-                "num_kv_heads", "head_dim", "vocab", "block_size", "dtype"),
+                "num_kv_heads", "head_dim", "vocab", "block_size", "dtype",
+                # mixture of experts: experts, top-k, each expert's and the shared expert's width, and
+                # how many of the `layers` layers are dense (0 experts: a dense model)
+                "experts", "top_k", "moe_ffn", "shared_ffn", "dense_layers"),
     "all_reduce": ("nbytes", "world"),
     "send_recv": ("nbytes",),
     # Mixture of experts (engine/moe.py): `active` experts each over `rows` rows; the router and the
