@@ -71,3 +71,21 @@ def test_the_engine_counts_rows_per_expert_and_the_skew_fit_reads_them() -> None
     # The fit recovers the exponent of Zipf-shaped loads, and finds uniform loads unskewed.
     assert fit_routing_skew([round(1e6 * s) for s in expert_shares(8, 1.3)]) == pytest.approx(1.3, abs=0.01)
     assert fit_routing_skew([100] * 8) == pytest.approx(0.0, abs=0.01)
+
+
+def test_experts_are_quantized_and_the_router_stays_float() -> None:
+    # Weight-only int8 applies to every expert's projections (engine Linear layers); the router is a
+    # float parameter, so which experts a token goes to barely moves.
+    params = SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True)
+    prompt = random_prompts([24], seed=9)
+    logits = {}
+    for mode in (None, "int8"):
+        engine = LLMEngine.from_hf(hf_model("qwen2moe-shared"), EngineConfig(block_size=4, num_blocks=64,
+                                                                           quantization=mode))
+        moe = next(m for m in engine.model.modules() if isinstance(m, SparseMoE))
+        assert all((e.gate_up_proj.quantized is not None) == (mode == "int8") for e in moe.experts)
+        assert (moe.shared_expert.down_proj.quantized is not None) == (mode == "int8")
+        assert moe.gate.dtype == torch.float32
+        logits[mode] = engine.generate(prompt, params)[0].prompt_logits
+    cosine = torch.nn.functional.cosine_similarity(logits[None], logits["int8"], dim=-1)
+    assert cosine.min() > 0.999
