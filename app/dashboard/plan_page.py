@@ -56,6 +56,9 @@ def main() -> None:
         moe = load_model(model).is_moe
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
         candidates = tuple((h, q, t, e) for h in hardware for q in quant for t in tp for e in modes if t > 1 or not e)
+        if not candidates:
+            st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
+            return
         slo = (("ttft_p99", float(ttft)), ("tpot_p99", float(tpot) / 1e3))
         factors = (1.0, 0.5, 2.0) if slo_sensitivity else (1.0,)
         by_slo = {}

@@ -65,6 +65,24 @@ def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
     assert by_scale[0.5] is None or by_scale[0.5] >= by_scale[1.0] >= by_scale[2.0]
 
 
+def test_planning_a_mixture_of_experts_model_offers_expert_parallel_candidates() -> None:
+    at = page("plan_page.py")
+    at.selectbox[0].set_value("mixtral-8x7b")
+    at.number_input(key="plan_num").set_value(40)
+    at.multiselect(key="quant").set_value(["fp8"])
+    at.multiselect(key="hardware").set_value(["h100-sxm"])
+    at.multiselect(key="tp").set_value([1])
+    at.multiselect(key="ep").set_value(["whole per rank (EP)"])
+    at.button[0].click().run()
+    assert not at.exception and "TP > 1" in at.warning[0].value  # EP over one rank is no choice
+    at.multiselect(key="tp").set_value([2])
+    at.multiselect(key="ep").set_value(["sliced (TP)", "whole per rank (EP)"])
+    at.button[0].click().run()
+    assert not at.exception
+    labels = set(at.dataframe[0].value["candidate"])
+    assert {"h100-sxm fp8 tp=2", "h100-sxm fp8 tp=2 ep"} <= labels
+
+
 def test_a_bad_trace_spec_shows_its_reason_and_nothing_crashes() -> None:
     at = page("plan_page.py")
     at.radio(key="plan_src").set_value("trace spec").run()
