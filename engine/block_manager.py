@@ -200,16 +200,18 @@ class BlockManager:
             seq.block_table.append(block_id)
         if num_reused:
             seq.num_registered_blocks = len(seq.block_table)
+        if num_new_blocks <= 0:
+            return True
         pop_free, cached, by_hash = self._free.popitem, self._cached, self._by_hash
-        generations, ref_counts, table = self.generations, self.ref_counts, seq.block_table
-        for _ in range(num_new_blocks):  # _take_free_block, inlined: this runs per block of every prompt
-            block_id = pop_free(last=False)[0]
+        generations, ref_counts = self.generations, self.ref_counts
+        new_blocks = [pop_free(False)[0] for _ in range(num_new_blocks)]
+        for block_id in new_blocks:  # _take_free_block, inlined: this runs per block of every prompt
             entry = cached.pop(block_id, None)
-            if entry is not None and by_hash.get(entry.block_hash) == block_id:
-                del by_hash[entry.block_hash]
+            if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its block_hash
+                del by_hash[entry[0]]
             generations[block_id] += 1
             ref_counts[block_id] = 1
-            table.append(block_id)
+        seq.block_table.extend(new_blocks)
         return True
 
     def allocate_block(self, seq: Sequence) -> None:
@@ -232,17 +234,17 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
         since a shared prefix is more likely to be reused than a request's own tail."""
+        ref_counts, free, cached = self.ref_counts, self._free, self._cached
         for block_id in reversed(seq.block_table):
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] < 0:
-                raise AssertionError(f"block {block_id} freed more often than allocated")
-            if self.ref_counts[block_id] == 0:
-                if block_id not in self._cached:
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count == 0:
+                free[block_id] = None
+                if block_id not in cached:
                     # Uncached blocks hold nothing worth keeping: hand them out before cached ones.
-                    self._free[block_id] = None
-                    self._free.move_to_end(block_id, last=False)
-                else:
-                    self._free[block_id] = None
+                    free.move_to_end(block_id, last=False)
+            elif count < 0:
+                raise AssertionError(f"block {block_id} freed more often than allocated")
         seq.block_table = []
         seq.num_registered_blocks = 0
 
