@@ -235,6 +235,8 @@ def predict(
     dtype: str = typer.Option("bf16"),
     profile_path: Optional[Path] = typer.Option(None, "--profile", help="a profile of this hardware"),
     hardware_file: Optional[Path] = typer.Option(None, help="extra hardware YAML"),
+    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank"),
+    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
@@ -247,9 +249,14 @@ def predict(
             raise ValueError(f"--tp {tp} must divide the model's {spec.num_heads} attention heads")
         if tokens < 1 or decode_batch < 0 or context < 1:
             raise ValueError("--tokens and --context must be positive, --decode-batch non-negative")
+        if expert_parallel and (not spec.is_moe or spec.num_experts % tp):
+            raise ValueError(f"--expert-parallel needs a mixture-of-experts model whose experts --tp {tp} divides")
+        if routing_skew < 0:
+            raise ValueError("--routing-skew must be >= 0 (0: uniform)")
         cost_model = CostModel.load(hardware, profile=profile_path, hardware_file=hardware_file)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
-        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype)
+        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel,
+                                    routing_skew=routing_skew)
     except ValueError as exc:
         fail(str(exc))
     result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype,

@@ -136,10 +136,12 @@ class SparseMoE(nn.Module):
         send_counts = torch.bincount(sorted_experts // self.num_local, minlength=world)
         recv_counts = group.all_to_all(send_counts.view(world, 1), [1] * world, [1] * world).view(-1)
         send, recv = send_counts.tolist(), recv_counts.tolist()
-        # Each row travels with its expert id (as a float column: one exchange, not two).
-        payload = torch.cat([mine[token_of], sorted_experts.unsqueeze(-1).to(x.dtype)], dim=-1)
+        # Each row travels with its expert id as one more column (one exchange, not two); 16-bit
+        # floats hold integers exactly only up to 256, so more experts than that travel in float32.
+        wire = torch.float32 if self.num_experts > 256 and x.element_size() < 4 else x.dtype
+        payload = torch.cat([mine[token_of].to(wire), sorted_experts.unsqueeze(-1).to(wire)], dim=-1)
         received = group.all_to_all(payload, send, recv)
-        rows, local = received[:, :-1], received[:, -1].round().long() - self.first_local
+        rows, local = received[:, :-1].to(x.dtype), received[:, -1].round().long() - self.first_local
         # Rows from several senders, each already grouped by expert: regroup them by local expert.
         regroup = torch.argsort(local, stable=True)
         results = torch.empty_like(rows)

@@ -21,6 +21,7 @@ from engine.scheduler import ScheduledChunk
 from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost, framework_overhead
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import DTYPE_BYTES
+from simulator.expert_routing import step_load
 
 # Distinct arguments remembered per part before the memo starts afresh (bounds memory on long runs).
 _MEMO_LIMIT = 200_000
@@ -93,8 +94,27 @@ class StepTimer:
         self._attention_flops_per_key = 4.0 * (m.num_heads // tp) * m.head_dim * m.num_layers
         kv_bytes = DTYPE_BYTES.get(self.kv_dtype or self.dtype, 2)
         self._kv_bytes_per_token = 2.0 * max(m.num_kv_heads // tp, 1) * m.head_dim * kv_bytes * m.num_layers
-        self._weight_bytes = (per_token_linear + shapes["lm_head"][0] * shapes["lm_head"][1]) * WEIGHT_BYTES.get(
-            self.weight_dtype or self.dtype, 2.0)
+        per_weight = WEIGHT_BYTES.get(self.weight_dtype or self.dtype, 2.0)
+        self._weight_bytes = (per_token_linear + shapes["lm_head"][0] * shapes["lm_head"][1]) * per_weight
+        # MoE: a step reads the experts it touches, not k of them (weight_bytes() corrects for it).
+        self._expert_bytes = 0.0
+        if m.is_moe:
+            n1, k1 = m.expert_shapes(tp, self.expert_parallel)["expert_gate_up"]
+            n2, k2 = m.expert_shapes(tp, self.expert_parallel)["expert_down"]
+            self._expert_bytes = (n1 * k1 + n2 * k2) * per_weight * m.num_moe_layers
+        self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
+
+    def weight_bytes(self, tokens: int) -> float:
+        """Weight bytes one step of `tokens` tokens reads (per GPU): every dense weight once, and of
+        a mixture-of-experts model the experts it is expected to touch (simulator/expert_routing.py)."""
+        if not self._expert_bytes:
+            return self._weight_bytes
+        def compute() -> float:
+            m = self.model
+            load = step_load(tokens, m.num_experts, m.experts_per_token, self.routing_skew,
+                             self.tp if self.expert_parallel else 1)
+            return self._weight_bytes + (load.active_experts - m.experts_per_token) * self._expert_bytes
+        return self._memo(self._weight_reads, tokens, compute)
 
     # -- parts --------------------------------------------------------------------------------
     def _memo(self, table: dict, key, compute):
@@ -228,7 +248,7 @@ class StepTimer:
             # Flops and bytes grow linearly with the context, n keys more each step.
             keys = k * first_context + n * k * (k - 1) // 2
             split.flops += k * (self._flops_per_token * n + self._flops_per_sample * n) + self._attention_flops_per_key * keys
-            split.bytes_moved += k * self._weight_bytes + self._kv_bytes_per_token * keys
+            split.bytes_moved += k * self.weight_bytes(n) + self._kv_bytes_per_token * keys
             split.steps += k
         return SteadyRun(times, commit)
 
@@ -316,7 +336,7 @@ class StepTimer:
         return _StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
                           self._flops_per_token * tokens + self._flops_per_sample * sampled
                           + self._attention_flops_per_key * (keys + decode_context),
-                          self._weight_bytes + self._kv_bytes_per_token * (decode_context + prefill_context))
+                          self.weight_bytes(tokens) + self._kv_bytes_per_token * (decode_context + prefill_context))
 
     def _record(self, parts: "_StepParts") -> float:
         """Add a step's parts to `split`; its time."""

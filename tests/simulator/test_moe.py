@@ -92,3 +92,15 @@ def test_moe_models_simulate_and_bad_expert_parallel_configs_are_refused() -> No
         SimConfig(model="llama-3.1-8b", hardware="h100-sxm", tp=2, expert_parallel=True).check()
     with pytest.raises(ValueError, match="cannot split qwen1.5-moe-a2.7b's 60 experts evenly"):
         SimConfig(model="qwen1.5-moe-a2.7b", hardware="h100-sxm", tp=8, expert_parallel=True).check()
+
+
+def test_a_step_reads_the_experts_it_touches() -> None:
+    from simulator.step_timer import StepTimer
+
+    mixtral = load_model("mixtral-8x7b")
+    timer = StepTimer(CostModel.load("h100-sxm"), mixtral, tp=1)
+    per_expert = 3 * 4096 * 14336 * 2 * 32  # bf16 bytes of one expert in every layer
+    one, many = timer.weight_bytes(1), timer.weight_bytes(4096)
+    assert many - one == pytest.approx(6 * per_expert, rel=1e-6)  # 2 experts per layer -> all 8
+    dense = StepTimer(CostModel.load("h100-sxm"), load_model("llama-3.1-8b"))
+    assert dense.weight_bytes(1) == dense.weight_bytes(4096)
