@@ -101,7 +101,7 @@ class Recorder:
         if len(self._pending_times) >= 4096:
             self._flush_gaps()
         if self.watch is not None:
-            self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time)
+            self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_output_tokens)
         self._done()
 
     def reject(self, request_id: int, arrival_s: float, prompt: int, output: int, reason: str) -> None:

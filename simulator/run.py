@@ -78,7 +78,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     env = simpy.Environment()
     clock = ArrivalClock(workload.requests[0].arrival_s)
     recorder = Recorder()
-    watch = recorder.watch = SloWatch(config.slo, len(workload)) if stop_when_slo_missed else None
+    watch = recorder.watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload)) \
+        if stop_when_slo_missed else None
     span = max(workload.duration_s, 1e-3)
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
     speculation = make_speculation(config, model, cost_model, weight_dtype, draft_cost_model)

@@ -11,7 +11,9 @@ k = floor(q/100 (N - 1)), so once N - k values exceed the limit, so does p_q. k 
 when q/100 (N - 1) is within rounding of an integer, so the verdict is never early by a rounding.
 Means decide once the sum of finished values exceeds limit x N (values are never negative). A
 rejected request decides at once: a fleet that rejects a request meets nothing (search.meets).
-Only TTFT and E2E are watched; TPOT and ITL limits are left for the full run to decide.
+TTFT, E2E and TPOT are watched (TPOT over the requests with two or more output tokens, as
+metrics.py defines it: counted from the workload, so a request cut short by max_model_len only
+makes the verdict later, never early); ITL limits are left for the full run to decide.
 """
 
 from __future__ import annotations
@@ -20,47 +22,58 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-WATCHED = ("ttft", "e2e")
+WATCHED = ("ttft", "e2e", "tpot")
 
 
 @dataclass
 class _Limit:
     key: str  # the SLO's name, e.g. "ttft_p99"
-    metric: str  # "ttft" or "e2e"
+    metric: str  # "ttft", "e2e" or "tpot"
     limit_s: float
     needed: int  # values over the limit that decide a percentile (0 for a mean)
     budget_s: float = math.inf  # for a mean: the sum that decides it
+    population: int = 1  # the requests the statistic is over
     over: list[float] = field(default_factory=list)  # a min-heap of the `needed` largest values over
     count: int = 0
     total_s: float = 0.0
 
 
 class SloWatch:
-    def __init__(self, slos: dict[str, float], num_requests: int) -> None:
+    def __init__(self, slos: dict[str, float], num_requests: int, num_multi_token: int | None = None) -> None:
+        """num_multi_token: requests asking for two or more output tokens (TPOT's population;
+        default: all of them)."""
         self.num_requests = num_requests
         self.limits: list[_Limit] = []
         for key, limit in slos.items():
             metric, stat = key.split("_")
             if metric not in WATCHED:
                 continue
-            if stat == "mean":
-                self.limits.append(_Limit(key, metric, limit, 0, budget_s=limit * num_requests))
+            population = num_requests if metric != "tpot" or num_multi_token is None else num_multi_token
+            if population < 1:
                 continue
-            position = float(stat[1:]) / 100 * (num_requests - 1)
+            if stat == "mean":
+                self.limits.append(_Limit(key, metric, limit, 0, budget_s=limit * population, population=population))
+                continue
+            position = float(stat[1:]) / 100 * (population - 1)
             k = math.floor(position)
             if k > 0 and position - k < 1e-9:
                 k -= 1
-            self.limits.append(_Limit(key, metric, limit, num_requests - k))
+            self.limits.append(_Limit(key, metric, limit, population - k, population=population))
         self.decided: str | None = None  # why the run can no longer meet its SLOs
         self.missed: dict[str, float] = {}  # SLO -> a lower bound on its final value
 
-    def finished(self, arrival_s: float, first_token_s: float, finish_s: float) -> None:
+    def finished(self, arrival_s: float, first_token_s: float, finish_s: float, output_tokens: int = 1) -> None:
         for lim in self.limits:
-            value = (first_token_s if lim.metric == "ttft" else finish_s) - arrival_s
+            if lim.metric == "tpot":
+                if output_tokens < 2:
+                    continue
+                value = (finish_s - first_token_s) / (output_tokens - 1)
+            else:
+                value = (first_token_s if lim.metric == "ttft" else finish_s) - arrival_s
             if lim.needed == 0:
                 lim.total_s += value
                 if lim.total_s > lim.budget_s and lim.key not in self.missed:
-                    self.missed[lim.key] = lim.total_s / self.num_requests
+                    self.missed[lim.key] = lim.total_s / lim.population
                     self._decide(f"{lim.key} is at least {self.missed[lim.key]:.3g} s whatever the rest do "
                                  f"(limit {lim.limit_s:.3g} s)")
                 continue
@@ -73,8 +86,8 @@ class SloWatch:
                 heapq.heappushpop(lim.over, value)
             if lim.count >= lim.needed and lim.key not in self.missed:
                 self.missed[lim.key] = lim.over[0]  # the needed-th largest so far: p >= it
-                self._decide(f"{lim.key} is at least {lim.over[0]:.3g} s: {lim.count} of {self.num_requests} "
-                             f"requests already took over {lim.limit_s:.3g} s")
+                self._decide(f"{lim.key} is at least {lim.over[0]:.3g} s: {lim.count} requests already took "
+                             f"over {lim.limit_s:.3g} s")
 
     def rejected(self, reason: str) -> None:
         self._decide(f"a request was rejected ({reason})")

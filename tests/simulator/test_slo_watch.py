@@ -45,10 +45,24 @@ def test_exact_percentile_positions_are_not_decided_by_rounding() -> None:
 
 
 def test_a_rejection_decides_at_once() -> None:
-    watch = SloWatch({"tpot_p99": 0.1}, 10)
-    assert not watch.limits  # TPOT is left to the full run
+    watch = SloWatch({"itl_p99": 0.1}, 10)
+    assert not watch.limits  # inter-token latency is left to the full run
     watch.rejected("too long")
     assert "rejected" in watch.decided
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=st.lists(st.tuples(st.floats(0.0, 5.0), st.integers(1, 6)), min_size=1, max_size=120),
+       limit=st.floats(0.01, 2.0), q=st.sampled_from([50, 90, 99]))
+def test_tpot_is_decided_over_the_multi_token_requests_only(requests, limit, q) -> None:
+    # (decode seconds, output tokens) per request; TPOT = decode seconds / (tokens - 1), as metrics.py has it.
+    multi = [(d, n) for d, n in requests if n >= 2]
+    watch = SloWatch({f"tpot_p{q}": limit}, len(requests), len(multi))
+    for d, n in requests:
+        watch.finished(0.0, 1.0, 1.0 + d, n)
+    values = [((1.0 + d) - 1.0) / (n - 1) for d, n in multi]  # computed as the recorder computes it
+    if watch.decided:
+        assert values and float(np.percentile(values, q)) > limit
 
 
 TRACE = f"synthetic:num=150,lengths={BUNDLED_LENGTHS},rate=12"
@@ -64,11 +78,25 @@ def test_a_stopped_run_gives_the_full_runs_verdict(replicas) -> None:
     if "stopped_early" in watched.summary:
         assert watched.summary["num_finished"] < full.summary["num_finished"]
         for key, bound in watched.summary["slo"]["measured"].items():
-            if not watched.summary["slo"]["met"][key] and key in ("ttft_p99", "e2e_p90"):
+            if not watched.summary["slo"]["met"][key] and key in watch_keys(watched):
                 assert full.summary["slo"]["measured"][key] >= bound > config.slo[key]
     else:  # never stopped: the very same run
         assert watched.summary["ttft_s"] == full.summary["ttft_s"]
         assert watched.summary["num_finished"] == full.summary["num_finished"]
+
+
+def watch_keys(result) -> set:
+    """The SLOs whose bound the stop reported (the others were measured over the finished requests)."""
+    return {k for k in ("ttft_p99", "e2e_p90", "tpot_p99") if k in result.summary["stopped_early"]}
+
+
+def test_a_tpot_limit_alone_stops_a_run_early_with_the_full_runs_verdict() -> None:
+    config = SimConfig(model="llama-3.1-8b", hardware="l4", replicas=1, slo={"tpot_p90": 0.02})
+    full = simulate(config, load_workload(TRACE, seed=1))
+    watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
+    assert not meets(full.summary) and not meets(watched.summary)
+    assert "tpot_p90" in watched.summary["stopped_early"]
+    assert full.summary["slo"]["measured"]["tpot_p90"] >= watched.summary["slo"]["measured"]["tpot_p90"] > 0.02
 
 
 def test_the_one_replica_case_does_stop_early() -> None:
