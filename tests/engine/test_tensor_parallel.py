@@ -83,6 +83,18 @@ def test_moe_ep2_and_tp2_equal_one_rank(name: str, expert_parallel: bool) -> Non
     assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
 
 
+def test_expert_parallel_serves_a_lone_request_whose_decodes_leave_a_rank_no_tokens() -> None:
+    # One decode token over two ranks: rank 1 routes nothing and still takes part in the exchanges.
+    prompt = random_prompts([9], seed=1)[0]
+    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), EngineConfig(tensor_parallel_size=2, expert_parallel=True,
+                                                                     block_size=4, num_blocks=64))
+    try:
+        out = engine.generate([prompt], GREEDY)[0].output_token_ids
+    finally:
+        engine.close()
+    assert out == hf_greedy(hf_model("mixtral-moe"), prompt, MAX_NEW)
+
+
 def test_expert_parallel_sizes_that_do_not_divide_the_experts_are_refused() -> None:
     config = ModelConfig.from_hf(hf_model("qwen2moe-shared").config)  # 6 experts
     import dataclasses
