@@ -10,6 +10,7 @@ import argparse
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from app.dashboard.inputs import bundled_spec, workload_from_spec
 from simulator.run import simulate
@@ -20,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--skip-plan", action="store_true")
+    parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     args = parser.parse_args()
     started = time.perf_counter()
     workload = workload_from_spec(bundled_spec(args.requests, 40.0))
@@ -31,6 +33,20 @@ def main() -> None:
     print(f"what-if: {args.requests:,} requests (bundled ShareGPT lengths at 40 req/s) on 8 x h100-sxm: trace "
           f"{loaded:.2f} s + simulation {simulated:.2f} s = {loaded + simulated:.2f} s "
           f"({args.requests / simulated:,.0f} simulated requests/s; TTFT p99 {result.summary['ttft_s']['p99']:.3f} s)")
+    # The same question on shorter prompts: the simulator's cost follows the KV blocks it manages.
+    conv = args.shared / "traces" / "splitwise_conv.csv"
+    if conv.is_file():
+        from simulator.synthetic import load_workload
+
+        started = time.perf_counter()
+        workload = load_workload(f"{conv},limit={args.requests}")
+        loaded = time.perf_counter() - started
+        started = time.perf_counter()
+        simulate(config, workload)
+        simulated = time.perf_counter() - started
+        mean_prompt = sum(r.prompt_tokens for r in workload) / len(workload)
+        print(f"what-if: {len(workload):,} requests of the Azure conversation trace (mean prompt {mean_prompt:,.0f} "
+              f"tokens, its own arrival times) on 8 x h100-sxm: trace {loaded:.2f} s + simulation {simulated:.2f} s")
     if args.skip_plan:
         return
     started = time.perf_counter()
