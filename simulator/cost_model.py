@@ -53,6 +53,9 @@ FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_pre
 # draft's forwards, which evict the target's weights from the caches). Fitted only where
 # verification steps were observed (calibrate/spec_steps.py), zero otherwise.
 VERIFY_TERMS = ("step_per_verify_s", "layer_per_verify_s")
+# A mixture-of-experts layer's host work beyond its operators (the engine's per-expert loop: Python
+# and dispatch per layer and per expert touched). Fitted only where MoE steps were observed.
+MOE_TERMS = ("moe_layer_s", "moe_layer_per_expert_s")
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
 
@@ -581,7 +584,8 @@ class CostModel:
                           self.errors[provenance])
 
     def predict_framework(self, num_chunks: int, tokens: int, layers: int, operators_s: float = 0.0,
-                          prefill_chunks: int = 0, decode_groups: int = 0, verifying: int = 0) -> Prediction:
+                          prefill_chunks: int = 0, decode_groups: int = 0, verifying: int = 0,
+                          moe: tuple[float, float] = (0.0, 0.0)) -> Prediction:
         """What a whole step costs beyond the sum of its operators (operators_s): input
         preparation, Python and framework dispatch per layer and per step, and the operators'
         in-situ speed relative to their isolated timings (operator_scale). Zero without
@@ -590,7 +594,7 @@ class CostModel:
         if not f:
             return Prediction(0.0, "extrapolated", 0.0)
         t = (f["operator_scale"] - 1.0) * operators_s + framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens,
-                                                                         layers, verifying)
+                                                                         layers, verifying, moe)
         return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
 
     def fit_framework(self, profile: Profile, steps: Sequence[StepObservation] = ()) -> None:
@@ -612,7 +616,7 @@ class CostModel:
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
-        rows, measured, has_prefill, verify_rows = [], [], [], []
+        rows, measured, has_prefill, verify_rows, moe_rows = [], [], [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
             chunks, tokens, prefills, groups, verifying = host_features(o.chunks, o.block_size)
@@ -620,12 +624,16 @@ class CostModel:
             features = [1.0, chunks, prefills, groups, tokens]
             rows.append([ops, *features, *(layers * x for x in features)])
             verify_rows.append([verifying, layers * verifying])
+            moe_rows.append(list(moe_host_features(o.model, tokens)))
             measured.append(o.forward_s)
             has_prefill.append(prefills > 0)
         terms = FRAMEWORK_TERMS
         if any(v for v, _ in verify_rows):
             rows = [row + v for row, v in zip(rows, verify_rows)]
-            terms = FRAMEWORK_TERMS + VERIFY_TERMS
+            terms = terms + VERIFY_TERMS
+        if any(m for m, _ in moe_rows):
+            rows = [row + m for row, m in zip(rows, moe_rows)]
+            terms = terms + MOE_TERMS
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
@@ -683,7 +691,7 @@ class CostModel:
             cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
             num_chunks, tokens, prefills, groups, verifying = host_features(chunks, block_size)
             cost.add("framework", self.predict_framework(num_chunks, tokens, model.num_layers, operators_s, prefills,
-                                                         groups, verifying))
+                                                         groups, verifying, moe_host_features(model, tokens)))
         return cost
 
     # The parts of a step, each a function of few integers so that the simulator can cache them.
@@ -885,15 +893,26 @@ class CostModel:
 
 
 def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,
-                       layers: int, verifying: int = 0) -> float:
-    """The additive terms of CostModel.framework (per step, and per layer)."""
+                       layers: int, verifying: int = 0, moe: tuple[float, float] = (0.0, 0.0)) -> float:
+    """The additive terms of CostModel.framework (per step, and per layer); moe: moe_host_features."""
     t = (f["step_s"] + f["step_per_chunk_s"] * num_chunks + f["step_per_prefill_s"] * prefill_chunks
          + f["step_per_group_s"] * decode_groups + f["step_per_token_s"] * tokens
          + layers * (f["layer_s"] + f["layer_per_chunk_s"] * num_chunks + f["layer_per_prefill_s"] * prefill_chunks
                      + f["layer_per_group_s"] * decode_groups + f["layer_per_token_s"] * tokens))
     if verifying and "step_per_verify_s" in f:
         t += f["step_per_verify_s"] + layers * f["layer_per_verify_s"]
+    if moe[0] and "moe_layer_s" in f:
+        t += f["moe_layer_s"] * moe[0] + f["moe_layer_per_expert_s"] * moe[1]
     return t
+
+
+def moe_host_features(model: ModelSpec, tokens: int) -> tuple[float, float]:
+    """What MOE_TERMS scale with: the MoE layers, and those layers times the experts a step of
+    `tokens` tokens is expected to touch (uniform routing). (0, 0) for a dense model."""
+    if not model.is_moe:
+        return 0.0, 0.0
+    active = step_load(tokens, model.num_experts, model.experts_per_token).active_experts
+    return float(model.num_moe_layers), model.num_moe_layers * active
 
 
 def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int, int, int, int, int]:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
-from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost, framework_overhead
+from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost, framework_overhead, moe_host_features
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import DTYPE_BYTES
 from simulator.expert_routing import step_load
@@ -103,6 +103,12 @@ class StepTimer:
             n2, k2 = m.expert_shapes(tp, self.expert_parallel)["expert_down"]
             self._expert_bytes = (n1 * k1 + n2 * k2) * per_weight * m.num_moe_layers
         self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
+        self._moe_hosts: dict[int, tuple[float, float]] = {}  # tokens -> moe_host_features
+
+    def _moe_host(self, tokens: int) -> tuple[float, float]:
+        if not self.model.is_moe:
+            return (0.0, 0.0)
+        return self._memo(self._moe_hosts, tokens, lambda: moe_host_features(self.model, tokens))
 
     def weight_bytes(self, tokens: int) -> float:
         """Weight bytes one step of `tokens` tokens reads (per GPU): every dense weight once, and of
@@ -204,7 +210,7 @@ class StepTimer:
         (the additive terms of CostModel.predict_framework)."""
         f = self.cost_model.framework
         framework = framework_overhead(f, num_chunks, prefill_chunks, decode_groups, tokens, self._layers,
-                                       verifying) if f else 0.0
+                                       verifying, self._moe_host(tokens)) if f else 0.0
         return framework + self._memo(self._overhead, num_chunks,
                                       lambda: self.cost_model.predict_step_overhead(num_chunks).time_s)
 
