@@ -249,8 +249,8 @@ def predict(
             raise ValueError(f"--tp {tp} must divide the model's {spec.num_heads} attention heads")
         if tokens < 1 or decode_batch < 0 or context < 1:
             raise ValueError("--tokens and --context must be positive, --decode-batch non-negative")
-        if expert_parallel and (not spec.is_moe or spec.num_experts % tp):
-            raise ValueError(f"--expert-parallel needs a mixture-of-experts model whose experts --tp {tp} divides")
+        if expert_parallel:
+            spec.check_expert_parallel(tp)
         if routing_skew < 0:
             raise ValueError("--routing-skew must be >= 0 (0: uniform)")
         cost_model = CostModel.load(hardware, profile=profile_path, hardware_file=hardware_file)

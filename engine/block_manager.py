@@ -160,9 +160,9 @@ class BlockManager:
                 and len(set(block_hashes)) == len(block_hashes)):
             # Fresh blocks under fresh hashes (a prompt's own content, a decode's block): all are
             # registered, built in bulk. Same entries as the loop below makes.
-            parent_gens = map(self.generations.__getitem__, parent_ids)
+            parent_gens = list(map(self.generations.__getitem__, parent_ids))
             if not first:
-                parent_gens = (0, *list(parent_gens)[1:])
+                parent_gens[0] = 0  # the first block has no parent (NO_PARENT indexed the list's end)
             cached.update(zip(block_ids, map(new_tuple, repeat(_CachedBlock),
                                              zip(block_hashes, block_tokens, parent_ids, parent_gens))))
             by_hash.update(zip(block_hashes, block_ids))

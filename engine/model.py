@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
+from engine.mlp import MLP
 from engine.moe import SparseMoE
 from engine.rope import RotaryEmbedding, apply_rotary
 
@@ -67,27 +67,14 @@ class Attention(nn.Module):
         return out if self.group is None else self.group.all_reduce(out)
 
 
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, group: TPGroup | None = None) -> None:
-        super().__init__()
-        self.group = group
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        out = self.down_proj(F.silu(gate) * up)
-        return out if self.group is None else self.group.all_reduce(out)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, group: TPGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SparseMoE(config, group) if config.sparse_layers[layer] else MLP(config, group)
+        self.mlp = (SparseMoE(config, group) if config.sparse_layers[layer]
+                    else MLP(config.hidden_size, config.intermediate_size, config.mlp_bias, group))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:

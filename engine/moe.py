@@ -7,8 +7,8 @@ goes through, scaled by a sigmoid gate.
 
 Dispatch is batched: the (token, expert) pairs of a step are sorted by expert, so each expert
 that received tokens runs one GEMM over all of them (its rows are contiguous), and the weighted
-rows are summed back per token with one index_add. Experts are engine Linear layers, so they are
-packed for oneDNN on CPU and quantized like every other projection.
+rows are summed back per token with one index_add. Experts are engine/mlp.py MLPs (engine Linear
+layers), so they are packed for oneDNN on CPU and quantized like every other projection.
 
 Parallelism (the model's group, engine/tp_group.py):
 - tensor parallel (default): every rank holds a 1/world slice of every expert's intermediate
@@ -30,24 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.linear import Linear
+from engine.mlp import MLP
 
 if TYPE_CHECKING:
     from engine.tp_group import TPGroup
-
-
-class Expert(nn.Module):
-    """One SwiGLU MLP (fused gate|up), without a collective: the caller sums over ranks."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
 
 
 class SparseMoE(nn.Module):
@@ -65,9 +51,11 @@ class SparseMoE(nn.Module):
         # The router stays in float (a plain parameter, not a quantized Linear): quantizing it would
         # change which experts tokens go to.
         self.gate = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
-        self.experts = nn.ModuleList(Expert(config.hidden_size, config.moe_intermediate_size)
+        # Routed experts sum nothing themselves (_combine / _expert_parallel gather their rows); the
+        # shared expert is a tensor-parallel slice that sums over the ranks like a dense MLP.
+        self.experts = nn.ModuleList(MLP(config.hidden_size, config.moe_intermediate_size)
                                      for _ in range(self.num_local))
-        self.shared_expert = (Expert(config.hidden_size, config.shared_expert_intermediate_size)
+        self.shared_expert = (MLP(config.hidden_size, config.shared_expert_intermediate_size, group=group)
                               if config.shared_expert_intermediate_size else None)
         self.shared_expert_gate = (nn.Parameter(torch.empty(1, config.hidden_size))
                                    if config.shared_expert_intermediate_size else None)
@@ -90,10 +78,7 @@ class SparseMoE(nn.Module):
             weights, experts = self.route(x)
             out = self._combine(x, weights, experts)
         if self.shared_expert is not None:
-            shared = self.shared_expert(x)
-            if self.group is not None and self.group.world > 1:
-                shared = self.group.all_reduce(shared)
-            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
         return out
 
     # -- one rank holds every expert (whole or a tensor-parallel slice of each) -------------------

@@ -42,17 +42,17 @@ class TPGroup:
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's x concatenated along the last dimension, in rank order."""
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        self.group.allgather([parts], [x]).wait()
-        return torch.cat(parts, dim=-1)
+        return self._all_gather(x, -1)
 
     def all_gather_first(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's x (same shape on every rank) concatenated along the first dimension, in rank order."""
+        return self._all_gather(x, 0)
+
+    def _all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world)]
         self.group.allgather([parts], [x]).wait()
-        return torch.cat(parts, dim=0)
+        return torch.cat(parts, dim=dim)
 
     def all_to_all(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """Rows of x sent to each rank in turn (send_counts[r] rows to rank r, in order); returns the

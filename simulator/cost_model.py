@@ -256,10 +256,6 @@ class CostModel:
             model.fit_framework(profile)
         return model
 
-    @property
-    def _moe_expert_keys(self) -> list[tuple]:
-        return [k for k in self._series if k[0] == "moe_experts"]
-
     def _index(self, profile: Profile) -> None:
         points: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
         for m in profile.measurements:
@@ -495,16 +491,7 @@ class CostModel:
 
         def time_of(batch: int, total_kv: int) -> float:
             kv = max(1, round(total_kv / batch))
-            i = bisect.bisect_left(batches, batch)
-            if i < len(batches) and batches[i] == batch:
-                return per_batch[batch].at(kv)[0]
-            if i == len(batches):
-                return per_batch[batches[-1]].at(kv)[0] * batch / batches[-1]
-            if i == 0:
-                return per_batch[batches[0]].at(kv)[0]
-            b0, b1 = batches[i - 1], batches[i]
-            t0, t1 = per_batch[b0].at(kv)[0], per_batch[b1].at(kv)[0]
-            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+            return across_counts(batches, batch, lambda b: per_batch[b].at(kv), scale_below=False)[0]
         return time_of
 
     def attention_decode_timer(self, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -737,7 +724,7 @@ class CostModel:
           (simulator/expert_routing.py) -- few tokens touch few experts and read only their weights,
           many touch all and run them compute-bound; on the most loaded rank under expert
           parallelism (every rank waits for it). Measured (moe_experts) where profiled, otherwise
-          one GEMM pair per touched expert from the GEMM model;
+          grouped GEMMs over the touched experts (predict_moe_experts);
         - the shared expert, every token;
         - under expert parallelism, the all-to-all out and back of each rank's share of the rows
           and the gather of the token shares; under tensor parallelism, the shared expert's own
@@ -777,24 +764,13 @@ class CostModel:
         if active <= 0:
             return Prediction(0.0, "measured", 0.0)
         rows = max(1.0, rows_per_expert)  # fractional: some experts get one row more than others
-        measured = sorted(a for (op, a, h, f, d) in self._moe_expert_keys if (h, f, d) == (hidden, ffn, dtype)) \
-            if weight_dtype in (None, dtype) else []
+        shape = (hidden, ffn, dtype)  # the numbers of active experts measured at this shape, ascending
+        measured = sorted(key[1] for key in self._series if key[0] == "moe_experts" and key[2:] == shape) \
+            if weight_dtype in (None, dtype) else None
         if measured:
-            def at(a: int) -> tuple[float, str]:
-                return self._series[("moe_experts", a, hidden, ffn, dtype)].at(rows)
-            i = bisect.bisect_left(measured, active)
-            if i < len(measured) and measured[i] == active:
-                t, provenance = at(measured[i])
-            elif i == len(measured):  # more experts than measured: proportionally more
-                t, provenance = at(measured[-1])
-                t, provenance = t * active / measured[-1], "extrapolated"
-            elif i == 0:
-                t, provenance = at(measured[0])
-                t = t * active / measured[0]
-            else:
-                (t0, p0), (t1, p1) = at(measured[i - 1]), at(measured[i])
-                t = t0 + (t1 - t0) * (active - measured[i - 1]) / (measured[i] - measured[i - 1])
-                provenance = p0 if p0 == p1 else "interpolated"
+            t, provenance = across_counts(
+                measured, active, lambda a: self._series[("moe_experts", a, hidden, ffn, dtype)].at(rows),
+                scale_below=True)
             return Prediction(t, provenance, self.errors[provenance])
         # Serving stacks run a layer's experts as grouped GEMMs (vLLM's fused_moe: one kernel over
         # every expert's rows), not a kernel per expert: two operators whose work is all the rows'
@@ -890,6 +866,24 @@ class CostModel:
             if tp > 1:  # the logits gathered from the vocabulary shards: a ring all-gather moves about
                 # what an all-reduce of half the bytes does
                 cost.add("all_reduce", self.predict_all_reduce(sampled * model.vocab_size * 4 // 2, tp))
+
+
+def across_counts(counts: Sequence[int], count: float, at: Callable[[int], tuple[float, str]],
+                  scale_below: bool) -> tuple[float, str]:
+    """(time, provenance) at `count` from series measured at `counts` (ascending; at(c) reads the one
+    at c): the measured one; linear between the two around it (interpolated, unless both say the
+    same); in proportion past the largest (extrapolated); below the smallest its time, in proportion
+    where scale_below."""
+    i = bisect.bisect_left(counts, count)
+    if i < len(counts) and counts[i] == count:
+        return at(counts[i])
+    if i == len(counts):
+        return at(counts[-1])[0] * count / counts[-1], "extrapolated"
+    if i == 0:
+        t, provenance = at(counts[0])
+        return (t * count / counts[0] if scale_below else t), provenance
+    (t0, p0), (t1, p1) = at(counts[i - 1]), at(counts[i])
+    return t0 + (t1 - t0) * (count - counts[i - 1]) / (counts[i] - counts[i - 1]), p0 if p0 == p1 else "interpolated"
 
 
 def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,

@@ -160,13 +160,7 @@ class SimConfig(BaseModel):
             raise ValueError(f"tp={self.tp} does not divide {model.name}'s {model.num_heads} attention heads: "
                              f"use tp in {divisors}")
         if self.expert_parallel:
-            if not model.is_moe:
-                raise ValueError(f"expert_parallel needs a mixture-of-experts model; {model.name} is dense: drop it")
-            if model.num_experts % self.tp:
-                divisors = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0
-                            and model.num_heads % d == 0]
-                raise ValueError(f"expert parallel over tp={self.tp} ranks cannot split {model.name}'s "
-                                 f"{model.num_experts} experts evenly: use tp in {divisors}")
+            model.check_expert_parallel(self.tp)
         if self.pp > model.num_layers:
             raise ValueError(f"pp={self.pp} exceeds {model.name}'s {model.num_layers} layers: use pp <= {model.num_layers}")
         if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:

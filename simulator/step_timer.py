@@ -99,9 +99,9 @@ class StepTimer:
         # MoE: a step reads the experts it touches, not k of them (weight_bytes() corrects for it).
         self._expert_bytes = 0.0
         if m.is_moe:
-            n1, k1 = m.expert_shapes(tp, self.expert_parallel)["expert_gate_up"]
-            n2, k2 = m.expert_shapes(tp, self.expert_parallel)["expert_down"]
-            self._expert_bytes = (n1 * k1 + n2 * k2) * per_weight * m.num_moe_layers
+            whole_or_sliced = m.expert_shapes(tp, self.expert_parallel)
+            self._expert_bytes = sum(whole_or_sliced[name][0] * whole_or_sliced[name][1]
+                                     for name in ("expert_gate_up", "expert_down")) * per_weight * m.num_moe_layers
         self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
         self._moe_hosts: dict[int, tuple[float, float]] = {}  # tokens -> moe_host_features
 

@@ -59,6 +59,16 @@ class ModelSpec(BaseModel):
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
 
+    def check_expert_parallel(self, tp: int) -> None:
+        """Raise ValueError naming the fix when whole experts cannot be spread over tp ranks."""
+        if not self.is_moe:
+            raise ValueError(f"expert_parallel needs a mixture-of-experts model; {self.name} is dense: drop it")
+        if self.num_experts % tp:
+            divisors = [d for d in range(1, self.num_experts + 1) if self.num_experts % d == 0
+                        and self.num_heads % d == 0]
+            raise ValueError(f"expert parallel over tp={tp} ranks cannot split {self.name}'s "
+                             f"{self.num_experts} experts evenly: use tp in {divisors}")
+
     def expert_shapes(self, tp: int = 1, expert_parallel: bool = False) -> dict[str, tuple[int, int]]:
         """(n, k) of one routed expert's gate_up and down GEMMs on one rank: a 1/tp slice of every
         expert, or whole experts under expert parallelism; and of the shared expert (sliced)."""

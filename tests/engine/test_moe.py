@@ -9,7 +9,8 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig
-from engine.moe import Expert, SparseMoE
+from engine.mlp import MLP
+from engine.moe import SparseMoE
 from tests.tiny_models import hf_config, hf_model, random_prompts
 
 
@@ -19,13 +20,13 @@ def test_one_gemm_per_expert_that_got_tokens_not_one_per_token(monkeypatch) -> N
     moe_layers = [m for m in engine.model.modules() if isinstance(m, SparseMoE)]
     assert len(moe_layers) == 2
     calls: list[int] = []
-    original = Expert.forward
+    original = MLP.forward
 
     def counting(self, x):
         calls.append(x.shape[0])
         return original(self, x)
 
-    monkeypatch.setattr(Expert, "forward", counting)
+    monkeypatch.setattr(MLP, "forward", counting)  # the experts (Mixtral has no dense MLP or shared expert)
     prompts = random_prompts([40, 33, 25], seed=3)  # 98 prompt tokens in one step
     engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
     # One prefill step: each layer calls each of its 8 experts at most once, over rows that add up

@@ -35,26 +35,42 @@ def shared_prefix_prompts(seed: int) -> list[list[int]]:
     return [system + u if i % 2 == 0 else u for i, u in enumerate(users)]
 
 
+def served_on_one_and_two_ranks(name: str, prompts: list[list[int]], check=None, **options) -> dict:
+    """Outputs of serve_staggered on one rank and on two, with paging, chunked prefill (16-token
+    budget), prefix caching and a 22-block pool that forces preemptions; check(engine, ranks) runs
+    on each engine after serving, before it closes."""
+    config = dict(block_size=4, num_blocks=22, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=256)
+    results = {}
+    for world in (1, 2):
+        engine = LLMEngine.from_hf(hf_model(name), EngineConfig(tensor_parallel_size=world, **options, **config))
+        try:
+            results[world] = serve_staggered(engine, prompts)
+            if check is not None:
+                check(engine, world)
+        finally:
+            engine.close()
+    return results
+
+
+def assert_two_ranks_serve_as_one(name: str, prompts: list[list[int]], results: dict) -> None:
+    """Two ranks give one rank's greedy tokens, which are transformers'; and the run did preempt and
+    hit the prefix cache."""
+    tokens = {world: [o.output_token_ids for o in outs] for world, outs in results.items()}
+    assert tokens[2] == tokens[1]
+    assert tokens[1] == [hf_greedy(hf_model(name), p, MAX_NEW) for p in prompts]
+    assert sum(o.num_preemptions for o in results[2]) > 0
+    assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
+
+
 @pytest.mark.parametrize("name", ["qwen2-bias", "llama-mqa-tied", "mistral-swa"])
 def test_tp2_greedy_equals_tp1_with_paging_prefix_caching_chunking_and_preemption(name: str) -> None:
     # qwen2-bias: KV heads split 1 per rank, q/k/v and o biases; llama-mqa-tied: its one KV head
     # replicated on both ranks, LM head tied to the vocabulary-parallel embedding; mistral-swa:
     # sliding windows. A 22-block pool forces preemptions; the shared system prompt, cache hits.
     prompts = shared_prefix_prompts(seed=7)
-    config = dict(block_size=4, num_blocks=22, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=256)
-    results = {}
-    for tp in (1, 2):
-        engine = LLMEngine.from_hf(hf_model(name), EngineConfig(tensor_parallel_size=tp, **config))
-        try:
-            results[tp] = serve_staggered(engine, prompts)
-            engine.scheduler.block_manager.check_invariants()
-        finally:
-            engine.close()
-    tokens = {tp: [o.output_token_ids for o in outs] for tp, outs in results.items()}
-    assert tokens[2] == tokens[1]
-    assert tokens[1] == [hf_greedy(hf_model(name), p, MAX_NEW) for p in prompts]
-    assert sum(o.num_preemptions for o in results[2]) > 0
-    assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
+    results = served_on_one_and_two_ranks(
+        name, prompts, check=lambda engine, world: engine.scheduler.block_manager.check_invariants())
+    assert_two_ranks_serve_as_one(name, prompts, results)
 
 
 @pytest.mark.parametrize("name, expert_parallel", [("mixtral-moe", True), ("qwen2moe-shared", True),
@@ -64,23 +80,14 @@ def test_moe_ep2_and_tp2_equal_one_rank(name: str, expert_parallel: bool) -> Non
     # otherwise each rank holds half of every expert. Attention is tensor parallel either way.
     # Same setting as the dense case: paging, chunked prefill, prefix caching and preemption.
     prompts = shared_prefix_prompts(seed=11)
-    config = dict(block_size=4, num_blocks=22, max_num_seqs=8, max_num_batched_tokens=16, max_model_len=256)
-    results = {}
-    for world in (1, 2):
-        engine = LLMEngine.from_hf(hf_model(name), EngineConfig(tensor_parallel_size=world,
-                                                                expert_parallel=expert_parallel, **config))
-        try:
-            if world == 2 and expert_parallel:
-                moe = next(m for m in engine.model.modules() if type(m).__name__ == "SparseMoE")
-                assert moe.expert_parallel and len(moe.experts) == moe.num_experts // 2
-            results[world] = serve_staggered(engine, prompts)
-        finally:
-            engine.close()
-    tokens = {world: [o.output_token_ids for o in outs] for world, outs in results.items()}
-    assert tokens[2] == tokens[1]
-    assert tokens[1] == [hf_greedy(hf_model(name), p, MAX_NEW) for p in prompts]
-    assert sum(o.num_preemptions for o in results[2]) > 0
-    assert sum(o.num_cached_prompt_tokens for o in results[2]) > 0
+
+    def half_the_experts_whole_on_each_rank(engine: LLMEngine, world: int) -> None:
+        if world == 2 and expert_parallel:
+            moe = next(m for m in engine.model.modules() if type(m).__name__ == "SparseMoE")
+            assert moe.expert_parallel and len(moe.experts) == moe.num_experts // 2
+    results = served_on_one_and_two_ranks(name, prompts, check=half_the_experts_whole_on_each_rank,
+                                          expert_parallel=expert_parallel)
+    assert_two_ranks_serve_as_one(name, prompts, results)
 
 
 def test_expert_parallel_serves_a_lone_request_whose_decodes_leave_a_rank_no_tokens() -> None:
