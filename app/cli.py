@@ -162,7 +162,11 @@ def profile(
     out: Path = typer.Option(..., help="profile file (JSON Lines); an existing one is resumed"),
     device: str = typer.Option("cpu"),
     dtype: str = typer.Option("float32"),
+    hardware: Optional[str] = typer.Option(None, help="catalog id of this device (e.g. h200), so the simulator "
+                                           "uses the profile for that accelerator (default: cpu-local / cuda-local)"),
     max_batched_tokens: int = typer.Option(512, help="largest token count profiled for GEMMs and elementwise ops"),
+    max_context: Optional[int] = typer.Option(None, help="longest decode context profiled (64, 256, 1024, ... up "
+                                              "to it; default 1024): GPUs serve longer contexts"),
     quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
     tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models under --tp: whole experts "
@@ -179,6 +183,7 @@ def profile(
 
     from calibrate.profile import Profiler, ProfileGrid
     from engine.engine import resolve_device
+    from simulator.catalog.hardware import get_accelerator
     from engine.config import DTYPE_BYTES, check_quantization
 
     try:
@@ -198,7 +203,9 @@ def profile(
             import torch
 
             torch.set_num_threads(threads)
-        grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens)
+        if max_context is not None and max_context < 64:
+            raise ValueError(f"--max-context must be at least 64 tokens, got {max_context}")
+        grid = ProfileGrid.quick() if quick else ProfileGrid.for_budget(max_batched_tokens, max_context)
         modes = tuple(m.strip() for m in quant.split(",") if m.strip())
         for mode in modes:
             check_quantization(mode, quant_group_size)
@@ -207,7 +214,9 @@ def profile(
             if mode not in ("int8", "fp8"):
                 raise ValueError(f"--kv-quant {mode!r} is not supported; use int8, fp8 or both (int8,fp8)")
         grid = replace(grid, weight_quant=modes, quant_group_size=quant_group_size, kv_quant=kv_modes)
-        profiler = Profiler(config, device=device, dtype=dtype, grid=grid, tp=tp)
+        if hardware is not None:
+            get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
+        profiler = Profiler(config, device=device, dtype=dtype, hardware=hardware, grid=grid, tp=tp)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=as_json) as progress:
             task = progress.add_task("profile", total=len(profiler.plan()))

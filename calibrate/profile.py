@@ -30,7 +30,7 @@ from engine.tp_shard import shard_config
 from engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
-from engine.model import RMSNorm
+from engine.model import DecoderModel, RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary
 from engine.runner import TORCH_DTYPES, slots_for
 from engine.sampler import sample
@@ -94,13 +94,13 @@ class ProfileGrid:
     @classmethod
     def for_budget(cls, max_batched_tokens: int, max_context: int | None = None) -> "ProfileGrid":
         """Token counts 1 ... max_batched_tokens: powers of two and the midpoints between them;
-        decode contexts up to max_context (when given)."""
+        decode contexts 64, 256, 1024, ... up to max_context (when given; 1024 otherwise)."""
         tokens = sorted({t for p in range(0, 16) for t in (2**p, 3 * 2**p // 2) if 1 <= t <= max_batched_tokens}
                         | {max_batched_tokens})
         q = tuple(x for x in (16, 64, 256, 1024) if x <= max_batched_tokens) or (max_batched_tokens,)
         kv = cls.decode_kv
-        if max_context is not None:
-            kv = tuple(x for x in kv if x <= max_context) or (max_context,)
+        if max_context is not None:  # 64, 256, 1024, ... up to max_context
+            kv = tuple(64 * 4**i for i in range(10) if 64 * 4**i <= max_context) or (max_context,)
         return cls(tokens=tuple(tokens), prefill_q=q, decode_kv=kv)
 
     @classmethod
@@ -188,6 +188,8 @@ class Profiler:
         self.hardware = hardware or ("cuda-local" if self.device.type == "cuda" else "cpu-local")
         self.grid = grid or ProfileGrid()
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self._held_layers: tuple[tuple, list[Linear]] | None = None
+        self._held_model: tuple[int, DecoderModel] | None = None
 
     def header(self) -> Profile:
         return Profile(self.hardware, fingerprint(self.device, self.dtype), {}, "servecast profile")
@@ -367,13 +369,7 @@ class Profiler:
     def _callables(self, op: str, p: dict) -> Iterator[Callable[[], object]]:
         c = self.model
         if op in ("gemm", "gemm_quant"):
-            layers = [Linear(p["k"], p["n"], bias=False).to(self.device, self.torch_dtype)
-                      for _ in range(self._weight_copies(p["n"] * p["k"]))]
-            for layer in layers:
-                if op == "gemm_quant":
-                    layer.quantize(p["weight_dtype"], p["group_size"])
-                elif self.device.type == "cpu":
-                    layer.pack_for_cpu()
+            layers = self._gemm_layers(op, p)
             x = self._tensor(p["m"], p["k"])
             turn = itertools.cycle(layers)
             yield lambda: next(turn)(x)
@@ -406,6 +402,22 @@ class Profiler:
             yield self._moe(op, p)
         else:
             raise ValueError(f"cannot profile op {op!r}")
+
+    def _gemm_layers(self, op: str, p: dict) -> list[Linear]:
+        """The layer's weight copies, made on the device; kept while the same layer is timed at
+        other token counts (a real-size layer's copies take seconds to make, its timings less)."""
+        key = (op, p["n"], p["k"], p.get("weight_dtype"), p.get("group_size"))
+        if self._held_layers is None or self._held_layers[0] != key:
+            self._held_layers = None  # the previous layer's copies go before the next one's are made
+            layers = [Linear(p["k"], p["n"], bias=False, device=self.device, dtype=self.torch_dtype)
+                      for _ in range(self._weight_copies(p["n"] * p["k"]))]
+            for layer in layers:
+                if op == "gemm_quant":
+                    layer.quantize(p["weight_dtype"], p["group_size"])
+                elif self.device.type == "cpu":
+                    layer.pack_for_cpu()
+            self._held_layers = (key, layers)
+        return self._held_layers[1]
 
     def _cache_and_slots(self, tokens: int) -> tuple[KVCache, torch.Tensor]:
         bs = self.grid.block_size
@@ -466,7 +478,6 @@ class Profiler:
         extra_kv), on a model of p["layers"] layers."""
         from dataclasses import replace
 
-        from engine.model import DecoderModel
         from engine.runner import ModelRunner
         from engine.scheduler import ScheduledChunk, SchedulerOutput
 
@@ -481,12 +492,7 @@ class Profiler:
         pool = per_seq * len(sequences) * FORWARD_POOL_FACTOR
         cache_config = CacheConfig(bs, pool)
         blocks = torch.randperm(pool, generator=torch.Generator().manual_seed(0)).tolist()
-        model = DecoderModel(config, per_seq * bs)
-        model.init_random(0)
-        model = model.to(device=self.device, dtype=self.torch_dtype).eval()
-        model.rotary.to(device=self.device, dtype=torch.float32)
-        if self.device.type == "cpu":
-            model.pack_linears_for_cpu()
+        model = self._forward_model(config)
         runner = ModelRunner(model, config, cache_config, self.device, self.torch_dtype)
         requests, chunks = {}, []
         greedy = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -498,6 +504,22 @@ class Profiler:
             chunks.append(ScheduledChunk(seq.request_id, kv_len - q_len, q_len, q_len > 1, True))
         out = SchedulerOutput(chunks)
         return lambda: runner.execute(out, requests, {})
+
+    def _forward_model(self, config: ModelConfig) -> DecoderModel:
+        """A random-weight model of config's depth, made once per depth on the device and kept
+        for every forward point of that depth (positions up to the deepest point's context)."""
+        if self._held_model is None or self._held_model[0] != config.num_layers:
+            self._held_model = None
+            longest = max(max(p["kv_len"], p["extra_kv"]) for op, p in self.plan() if op == "forward")
+            with torch.device(self.device):
+                model = DecoderModel(config, longest + self.grid.block_size)
+            model.init_random(0)
+            model = model.to(dtype=self.torch_dtype).eval()
+            model.rotary.to(dtype=torch.float32)
+            if self.device.type == "cpu":
+                model.pack_linears_for_cpu()
+            self._held_model = (config.num_layers, model)
+        return self._held_model[1]
 
     def _moe(self, op: str, p: dict) -> Callable[[], object]:
         """engine/moe.py's parts: `active` experts each over `rows` rows (one GEMM pair per expert,

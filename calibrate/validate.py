@@ -108,7 +108,8 @@ class ValidationSetup:
         return str(path)
 
     def sim_config(self, folder: Path, profile: str) -> SimConfig:
-        hardware = "cuda-local" if self.device.startswith("cuda") else "cpu-local"
+        # The profile says which catalog device it measured (a GPU profiled as h200, say).
+        hardware = Profile.load(profile).hardware
         quant = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         return SimConfig(model=self.config_path(folder), hardware=hardware, profile=profile, quant=quant,
                          block_size=self.block_size, num_gpu_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
@@ -250,7 +251,7 @@ def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple
             [m for m in base.measurements if m.op != "forward"], base.bandwidth_by_size).save(path)
     config = ModelConfig.from_hf(setup.model)
     grid = replace(ProfileGrid.for_budget(setup.max_num_batched_tokens, setup.max_total_tokens), passes=1)
-    fresh = Profiler(config, device=setup.device, dtype=setup.dtype, grid=grid).run(path)
+    fresh = Profiler(config, device=setup.device, dtype=setup.dtype, hardware=base.hardware, grid=grid).run(path)
     old = {m.key: m.time_s for m in base.of("forward")}
     ratios = [m.time_s / old[m.key] for m in fresh.of("forward") if m.key in old]
     return str(path), float(np.median(ratios)) if ratios else math.nan

@@ -50,9 +50,6 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
-        if config.quantization == "int4" and self.device.type == "cuda":
-            raise ValueError("int4 weights use torch's CPU int4 kernel, which CUDA lacks here: "
-                             "on CUDA use quantization='int8' or 'fp8'")
         self.scheduler_config = config.scheduler_config(model_config)
         world = config.tensor_parallel_size
         if config.expert_parallel:
@@ -99,7 +96,7 @@ class LLMEngine:
 
     def _build_model(self, config: ModelConfig, state_dict: dict[str, torch.Tensor] | None,
                      seed: int) -> DecoderModel:
-        model = build_decoder(config, self.scheduler_config.max_model_len, state_dict, seed)
+        model = build_decoder(config, self.scheduler_config.max_model_len, state_dict, seed, self.device)
         return model.prepare(self.device, self.dtype, self.config.quantization, self.config.quant_group_size,
                              self.config.pack_cpu_weights)
 

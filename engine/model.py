@@ -158,11 +158,12 @@ class DecoderModel(nn.Module):
     @torch.no_grad()
     def init_random(self, seed: int, std: float = 0.02) -> None:
         """Random weights for a model with no checkpoint (benchmarks, demos, tests)."""
-        gen = torch.Generator().manual_seed(seed)
+        device = self.embed_tokens.weight.device
+        gen = torch.Generator(device=device).manual_seed(seed)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             elif name.endswith("bias"):
                 param.zero_()
             else:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
+                param.copy_(torch.randn(param.shape, generator=gen, device=device) * std)

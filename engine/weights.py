@@ -26,12 +26,16 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def build_decoder(config: ModelConfig, max_positions: int, state_dict: Mapping[str, torch.Tensor] | None,
-                  seed: int) -> DecoderModel:
-    """A whole model (float32, CPU) with transformers-format weights, or random ones seeded by seed."""
-    model = DecoderModel(config, max_positions)
+                  seed: int, device: torch.device | str = "cpu") -> DecoderModel:
+    """A whole model (float32) with transformers-format weights (built on the CPU), or random ones
+    seeded by seed, made on `device`: a real-size model's random weights drawn on a GPU take
+    seconds where the CPU takes minutes (the same seed draws other weights on each device)."""
     if state_dict is None:
+        with torch.device(device):
+            model = DecoderModel(config, max_positions)
         model.init_random(seed)
     else:
+        model = DecoderModel(config, max_positions)
         load_hf_weights(model, state_dict)
     return model
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, ModelConfig, SamplingParams
+from engine import LLMEngine, ModelConfig, SamplingParams
+from tests.device import engine_config
 from tests.tiny_models import hf_config, hf_greedy, hf_model, random_prompts
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -13,7 +14,7 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 @pytest.fixture
 def engine() -> LLMEngine:
     return LLMEngine.from_hf(hf_model("llama-mha-hd32"),
-                             EngineConfig(block_size=4, num_blocks=32, max_model_len=64, max_num_batched_tokens=32))
+                             engine_config(block_size=4, num_blocks=32, max_model_len=64, max_num_batched_tokens=32))
 
 
 def test_bad_requests_are_refused_and_the_rest_are_served(engine: LLMEngine) -> None:
@@ -62,8 +63,8 @@ def test_heads_that_do_not_divide() -> None:
 def test_kv_pool_too_small_for_any_request() -> None:
     model = hf_model("llama-mha-hd32")
     with pytest.raises(ValueError, match="holds no block"):
-        LLMEngine.from_hf(model, EngineConfig(kv_cache_memory_bytes=100))
-    engine = LLMEngine.from_hf(model, EngineConfig(block_size=4, num_blocks=2, max_model_len=64))
+        LLMEngine.from_hf(model, engine_config(kv_cache_memory_bytes=100))
+    engine = LLMEngine.from_hf(model, engine_config(block_size=4, num_blocks=2, max_model_len=64))
     with pytest.raises(ValueError, match="needs up to 3 KV blocks but the pool has 2"):
         engine.add_request("big", [1] * 6, SamplingParams(max_tokens=4))
     engine.add_request("fits", [1] * 4, SamplingParams(max_tokens=4, temperature=0.0))
@@ -73,7 +74,7 @@ def test_kv_pool_too_small_for_any_request() -> None:
 def test_kv_pool_sized_by_byte_budget() -> None:
     model = hf_model("llama-mha-hd32")
     # 2 layers x (K+V) x 2 heads x 32 dims x 4 bytes = 1 KiB per token; 16-token blocks: 16 KiB.
-    engine = LLMEngine.from_hf(model, EngineConfig(block_size=16, kv_cache_memory_bytes=10 * 16384 + 100))
+    engine = LLMEngine.from_hf(model, engine_config(block_size=16, kv_cache_memory_bytes=10 * 16384 + 100))
     assert engine.cache_config.num_blocks == 10
     assert engine.runner.cache.nbytes == 10 * 16384
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLMEngine, SamplingParams
+from tests.device import engine_config
 from tests.tiny_models import CONFIGS, hf_greedy, hf_logits, hf_model, random_prompts
 
 MAX_NEW = 10
@@ -15,7 +16,7 @@ GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 def engine_for(name: str, **overrides) -> LLMEngine:
     base = dict(block_size=4, num_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=256)
     base.update(overrides)
-    return LLMEngine.from_hf(hf_model(name), EngineConfig(**base))
+    return LLMEngine.from_hf(hf_model(name), engine_config(**base))
 
 
 def references(name: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -134,7 +135,7 @@ def test_prefill_logits_match_transformers(name: str) -> None:
 def test_loads_a_local_safetensors_directory(tmp_path) -> None:
     name = "qwen2-bias"
     hf_model(name).save_pretrained(tmp_path)
-    engine = LLMEngine.from_hf(str(tmp_path), EngineConfig(block_size=4, num_blocks=64, max_model_len=128))
+    engine = LLMEngine.from_hf(str(tmp_path), engine_config(block_size=4, num_blocks=64, max_model_len=128))
     prompts = random_prompts([9, 14], seed=11)
     outputs = engine.generate(prompts, GREEDY)
     assert [o.output_token_ids for o in outputs] == references(name, prompts)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLMEngine, SamplingParams
 from engine.config import ModelConfig
 from engine.mlp import MLP
 from engine.moe import SparseMoE
+from tests.device import engine_config
 from tests.tiny_models import hf_config, hf_model, random_prompts
 
 
 def test_one_gemm_per_expert_that_got_tokens_not_one_per_token(monkeypatch) -> None:
-    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), EngineConfig(block_size=4, num_blocks=128,
+    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), engine_config(block_size=4, num_blocks=128,
                                                                      max_num_batched_tokens=128))
     moe_layers = [m for m in engine.model.modules() if isinstance(m, SparseMoE)]
     assert len(moe_layers) == 2
@@ -63,7 +64,7 @@ def test_bad_expert_counts_are_refused_with_the_fix() -> None:
 def test_the_engine_counts_rows_per_expert_and_the_skew_fit_reads_them() -> None:
     from simulator.expert_routing import expert_shares, fit_routing_skew
 
-    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), EngineConfig(block_size=4, num_blocks=128))
+    engine = LLMEngine.from_hf(hf_model("mixtral-moe"), engine_config(block_size=4, num_blocks=128))
     prompts = random_prompts([12, 30, 7], seed=5)
     outputs = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     load = engine.expert_load()
@@ -81,7 +82,7 @@ def test_experts_are_quantized_and_the_router_stays_float() -> None:
     prompt = random_prompts([24], seed=9)
     logits = {}
     for mode in (None, "int8"):
-        engine = LLMEngine.from_hf(hf_model("qwen2moe-shared"), EngineConfig(block_size=4, num_blocks=64,
+        engine = LLMEngine.from_hf(hf_model("qwen2moe-shared"), engine_config(block_size=4, num_blocks=64,
                                                                            quantization=mode))
         moe = next(m for m in engine.model.modules() if isinstance(m, SparseMoE))
         assert all((e.gate_up_proj.quantized is not None) == (mode == "int8") for e in moe.experts)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLMEngine, SamplingParams
 from engine.sampler import probabilities, sample
+from tests.device import engine_config
 from tests.tiny_models import hf_model, random_prompts
 
 
 def engine() -> LLMEngine:
     return LLMEngine.from_hf(hf_model("llama-gqa-hd64"),
-                             EngineConfig(block_size=4, num_blocks=128, max_model_len=128, seed=1))
+                             engine_config(block_size=4, num_blocks=128, max_model_len=128, seed=1))
 
 
 def test_top_k_and_top_p_keep_the_right_tokens() -> None:

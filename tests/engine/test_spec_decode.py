@@ -3,20 +3,20 @@ lookahead slots and rollback in the scheduler, the n-gram proposer."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 
 import engine.runner as runner_module
-from engine import EngineConfig, LLMEngine
+from engine import LLMEngine
 from engine.config import CacheConfig, SchedulerConfig
 from engine.ngram_proposer import NgramProposer
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.spec_decode import SpecStats, verify
+from tests.device import engine_config
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=64, max_position_embeddings=256)
@@ -33,7 +33,7 @@ def engine(spec_tokens: int = 0, proposer: str = "ngram", **knobs) -> LLMEngine:
     if spec_tokens:
         spec = dict(speculative_method="draft" if proposer.startswith("draft") else "ngram",
                     num_speculative_tokens=spec_tokens, **PROPOSERS[proposer])
-    return LLMEngine.from_config(TINY, EngineConfig(max_model_len=256, **spec, **knobs), seed=3)
+    return LLMEngine.from_config(TINY, engine_config(max_model_len=256, **spec, **knobs), seed=3)
 
 
 # -- greedy: token for token --------------------------------------------------------------------
@@ -86,7 +86,7 @@ def _tiny_vocab_engine(spec_tokens: int = 0, proposer: str = "ngram") -> LLMEngi
     elif spec_tokens:  # a different random model with the same tiny vocabulary
         spec = dict(speculative_method="draft", num_speculative_tokens=spec_tokens,
                     draft_model=dict(SMALL_DRAFT, vocab_size=VOCAB), draft_seed=5)
-    return LLMEngine.from_config(config, EngineConfig(max_model_len=64, num_blocks=4096, max_num_seqs=256,
+    return LLMEngine.from_config(config, engine_config(max_model_len=64, num_blocks=4096, max_num_seqs=256,
                                                       max_num_batched_tokens=4096, **spec), seed=11)
 
 
@@ -233,16 +233,16 @@ def test_spec_stats_per_position() -> None:
 
 def test_bad_speculative_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="num_speculative_tokens must be 1..8"):
-        EngineConfig(speculative_method="ngram", num_speculative_tokens=9)
+        engine_config(speculative_method="ngram", num_speculative_tokens=9)
     with pytest.raises(ValueError, match="not supported"):
-        EngineConfig(speculative_method="medusa", num_speculative_tokens=2)
+        engine_config(speculative_method="medusa", num_speculative_tokens=2)
 
 
 def test_a_draft_model_needs_a_config_and_the_targets_vocabulary() -> None:
     with pytest.raises(ValueError, match="needs draft_model"):
-        EngineConfig(speculative_method="draft", num_speculative_tokens=2)
+        engine_config(speculative_method="draft", num_speculative_tokens=2)
     with pytest.raises(ValueError, match="vocabulary"):
-        LLMEngine.from_config(TINY, EngineConfig(speculative_method="draft", num_speculative_tokens=2,
+        LLMEngine.from_config(TINY, engine_config(speculative_method="draft", num_speculative_tokens=2,
                                                  draft_model=dict(SMALL_DRAFT, vocab_size=32)))
 
 
