@@ -90,6 +90,10 @@ class ProfileGrid:
     # token count (moe_dispatch).
     expert_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     quant_group_size: int = 128
+    # On CUDA each sample times this many back-to-back calls and one synchronize: the engine
+    # queues kernels without waiting for them, so an operator costs its time in a busy stream, not
+    # a launch plus a round trip to the host (which a sync per call would add to every point).
+    cuda_calls_per_sample: int = 8
 
     @classmethod
     def for_budget(cls, max_batched_tokens: int, max_context: int | None = None) -> "ProfileGrid":
@@ -111,16 +115,18 @@ class ProfileGrid:
                    attention_groups=(), forward_layers=(1, 2), idle_ms=(5,), verify_q=(3,))
 
 
-def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None]) -> float:
+def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None], calls: int = 1) -> float:
+    """Median seconds per call; each sample times `calls` back-to-back calls and one sync."""
     fn()  # warm-up (allocations, kernel selection)
     sync()
     times = []
     started = time.perf_counter()
     while len(times) < grid.min_repeats or time.perf_counter() - started < grid.min_seconds:
         t = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t)
+        times.append((time.perf_counter() - t) / calls)
         if len(times) >= 1000:
             break
     return statistics.median(times)
@@ -136,11 +142,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def fingerprint(device: torch.device, dtype: str) -> dict:
+def fingerprint(device: torch.device, dtype: str, calls_per_sample: int = 1) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {"device_name": name, "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "dtype": canonical_dtype(dtype), "attention": "servecast paged sdpa",
-            "gemm": "onednn packed" if device.type == "cpu" else "torch F.linear"}
+            "gemm": "onednn packed" if device.type == "cpu" else "torch F.linear",
+            "calls_per_sample": calls_per_sample}
 
 
 def measure_peaks(device: torch.device, dtype: torch.dtype, sync) -> dict[str, float]:
@@ -192,7 +199,8 @@ class Profiler:
         self._held_model: tuple[int, DecoderModel] | None = None
 
     def header(self) -> Profile:
-        return Profile(self.hardware, fingerprint(self.device, self.dtype), {}, "servecast profile")
+        calls = self.grid.cuda_calls_per_sample if self.device.type == "cuda" else 1
+        return Profile(self.hardware, fingerprint(self.device, self.dtype, calls), {}, "servecast profile")
 
     # -- the grid -----------------------------------------------------------------------------
     def plan(self) -> list[tuple[str, dict]]:
@@ -352,7 +360,8 @@ class Profiler:
     def _measure(self, op: str, p: dict) -> float:
         if op == "idle_wakeup":
             return next(self._callables(op, p))()
-        return median_time(next(self._callables(op, p)), self.grid, self.sync)
+        calls = self.grid.cuda_calls_per_sample if self.device.type == "cuda" and op != "step_overhead" else 1
+        return median_time(next(self._callables(op, p)), self.grid, self.sync, calls)
 
     def _weight_copies(self, weight_elements: int) -> int:
         """Copies of a GEMM's weights to rotate through while timing it. In a forward pass every

@@ -4,7 +4,7 @@ A profile is a JSON Lines file. Line 1 is the header; every further line is one 
 
     {"format": "servecast-profile", "version": 1, "hardware": "cpu-local",
      "fingerprint": {"device_name": ..., "torch": ..., "threads": ..., "dtype": ..., "attention": ...,
-                     "gemm": ...},
+                     "gemm": ..., "calls_per_sample": 1},
      "peaks": {"matmul_flops": 2.1e11, "memory_bandwidth": 2.7e10},
      "bandwidth_by_size": [[262144, 4.4e10], ..., [134217728, 5.1e10]], "source": "servecast profile"}
     {"op": "gemm", "name": "qkv_proj", "m": 64, "n": 1024, "k": 512, "dtype": "fp32", "time_s": 0.00031}

@@ -230,3 +230,19 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
     gap = (fitted.step_time(verify, spec, dtype="fp32", block_size=16).total_s
            - plain_model.step_time(verify, spec, dtype="fp32", block_size=16).total_s)
     assert gap == pytest.approx(1e-3, rel=0.3)
+
+
+def test_each_sample_can_time_calls_back_to_back(monkeypatch) -> None:
+    """On CUDA a sample is several queued calls and one sync; the time is per call."""
+    import calibrate.profile as profile_module
+    from calibrate.profile import ProfileGrid, median_time
+
+    clock, syncs = [0.0], []
+    monkeypatch.setattr(profile_module.time, "perf_counter", lambda: clock[0])
+
+    def call() -> None:  # each call takes one second of the fake clock
+        clock[0] += 1.0
+
+    per_call = median_time(call, ProfileGrid(min_repeats=3, min_seconds=0.0), lambda: syncs.append(clock[0]), calls=4)
+    assert syncs == [1.0, 5.0, 9.0, 13.0]  # the warm-up, then 3 samples of 4 calls, one sync each
+    assert per_call == 1.0

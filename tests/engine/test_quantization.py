@@ -3,13 +3,15 @@ layer and through the whole engine; bytes as allocated shrink as they should."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine import LLMEngine, SamplingParams
 from engine.linear import Linear
-from engine.quantization import dequantize
+from engine.quantization import dequantize, quantize_weight, quantized_matmul
 from tests.device import ON_CUDA, TEST_DEVICE, engine_config
 
 MODEL = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -33,6 +35,19 @@ def test_a_quantized_layer_computes_its_dequantized_weight(mode, group) -> None:
     error = (dequantize(layer.quantized) - weight).norm() / weight.norm()
     assert error < {"int8": 0.01, "fp8": 0.05, "int4": 0.15}[mode]  # and it is a real approximation
     assert error > 0
+
+
+def test_int8_dequantized_at_use_equals_the_packed_kernel() -> None:
+    """CUDA computes int8 layers by dequantizing at use (torch's CUDA int8 GEMM measured far
+    slower); that path gives the packed kernel's result."""
+    torch.manual_seed(1)
+    weight, x = torch.randn(64, 128), torch.randn(5, 128)
+    packed = quantize_weight(weight, "int8")
+    expected_kernel = "dequantize" if ON_CUDA else "packed"
+    assert packed.kernel == expected_kernel
+    at_use = dataclasses.replace(packed, kernel="dequantize")
+    other = dataclasses.replace(packed, kernel="packed" if ON_CUDA else "dequantize")
+    assert torch.allclose(quantized_matmul(x, at_use), quantized_matmul(x, other), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode, group", MODES)
