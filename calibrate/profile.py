@@ -213,13 +213,6 @@ class Profiler:
         for name, (n, k) in shapes.items():
             for m in g.tokens:
                 plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
-        for mode in g.weight_quant:
-            for name, (n, k) in shapes.items():
-                if mode == "int4" and k % g.quant_group_size:
-                    continue
-                for m in g.tokens:
-                    plan.append(("gemm_quant", dict(name=name, m=m, n=n, k=k, dtype=d, weight_dtype=mode,
-                                                    group_size=g.quant_group_size)))
         for heads in self._attention_shapes():
             for q in g.prefill_q:
                 for mult in g.prefill_kv_multiples:
@@ -239,10 +232,6 @@ class Profiler:
             plan.append(("kv_write", dict(tokens=m, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)))
             for name, width in widths.items():
                 plan.append(("elementwise", dict(name=name, tokens=m, width=width, dtype=d)))
-        for kv_dtype in (("none",) + g.kv_quant) if g.kv_quant else ():
-            for tokens in g.kv_gather_tokens:
-                plan.append(("kv_gather", dict(tokens=tokens, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                                               dtype=d, kv_dtype=kv_dtype)))
         for batch in g.decode_batch:
             plan.append(("sample", dict(batch=batch, vocab=c.vocab_size)))
             plan.append(("step_overhead", dict(batch=batch)))
@@ -281,6 +270,19 @@ class Profiler:
                                                   hidden=c.hidden_size, dtype=d)))
         for idle_ms in g.idle_ms:
             plan.append(("idle_wakeup", dict(idle_ms=idle_ms)))
+        # The quantized modes last: a run cut short (a leased GPU's time running out) keeps the
+        # points every prediction needs.
+        for mode in g.weight_quant:
+            for name, (n, k) in shapes.items():
+                if mode == "int4" and k % g.quant_group_size:
+                    continue
+                for m in g.tokens:
+                    plan.append(("gemm_quant", dict(name=name, m=m, n=n, k=k, dtype=d, weight_dtype=mode,
+                                                    group_size=g.quant_group_size)))
+        for kv_dtype in (("none",) + g.kv_quant) if g.kv_quant else ():
+            for tokens in g.kv_gather_tokens:
+                plan.append(("kv_gather", dict(tokens=tokens, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                               dtype=d, kv_dtype=kv_dtype)))
         if self.tp > 1:
             # The all-reduce after attention and after the MLP of every layer: tokens x hidden.
             element = self.torch_dtype.itemsize

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -83,6 +84,15 @@ def get_accelerator(hardware_id: str, extra_file: str | Path | None = None) -> A
 def _read(path: Path) -> dict[str, Accelerator]:
     if not path.is_file():
         raise ValueError(f"no hardware file at {path}")
+    stat = path.stat()
+    # Every simulation reads the catalog (a plan runs hundreds): parse a file once per version of
+    # it. Entries are frozen; the mapping is copied, so a caller adding entries changes no other's.
+    return dict(_parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path_name: str, mtime_ns: int, size: int) -> dict[str, Accelerator]:
+    path = Path(path_name)
     try:
         # libyaml's safe loader where PyYAML has it (ten times faster; every simulation reads the catalog)
         raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
