@@ -215,7 +215,7 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
     assert "step_per_verify_s" not in plain_model.framework
     steps = []
     for batch in (1, 2, 4):
-        for context in (32, 64, 128):
+        for context in (32, 64, 128, 256):
             plain = [Chunk(1, context)] * batch
             verify = [Chunk(3, context, verify=True)] * batch
             steps.append(StepObservation(plain, spec, "fp32", 16, plain_model.step_time(plain, spec, dtype="fp32",
@@ -223,7 +223,12 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
             steps.append(StepObservation(verify, spec, "fp32", 16, plain_model.step_time(
                 verify, spec, dtype="fp32", block_size=16).total_s + 1e-3))
     fitted = CostModel.load("cpu-local", profile=path)
-    fitted.fit_framework(Profile.load(path), steps)
+    # Fitted on these observations alone: the profile's forward points were timed on a shared
+    # machine, and their noise would move the plain terms that the verify terms are measured
+    # against (the observations are the plain fit exactly, plus 1 ms when verifying).
+    no_forwards = Profile(profile.hardware, profile.fingerprint, profile.peaks, profile.source,
+                          [m for m in profile.measurements if m.op != "forward"], profile.bandwidth_by_size)
+    fitted.fit_framework(no_forwards, steps)
     extra = fitted.framework["step_per_verify_s"] + spec.num_layers * fitted.framework["layer_per_verify_s"]
     assert extra == pytest.approx(1e-3, rel=0.25)
     verify = [Chunk(3, 64, verify=True)] * 2
