@@ -52,7 +52,7 @@ class BlockManager:
         # Bumped each time a block is handed out anew; lets children check their parent is unchanged.
         self.generations = [0] * num_blocks
         # Free blocks in eviction order: the first is evicted first.
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
         self._by_hash: dict[int, int] = {}  # hash -> block id
 

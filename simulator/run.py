@@ -99,26 +99,31 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
             router.route(request).submit(request)
 
     env.process(arrivals())
+    # The collector stays paused until the replicas have let go of their block pools: re-enabled
+    # while they are alive, its first collection would walk every block entry of the run.
     with cyclic_gc_paused():
         if watch is None:
             env.run()
         else:
             while watch.decided is None and env.peek() != math.inf:
                 env.step()
-    stopped_early = watch.decided if watch is not None else None
-    recorder.watch = None
-    for replica in replicas:  # anything left could never be scheduled
-        if stopped_early:
-            break  # left unfinished by the stop, not unschedulable
-        for engine in replica.engines:
-            for seq in engine.sequences.values():
-                recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens, seq.sampling.max_tokens,
-                                "never scheduled: the replica could not fit it alongside its other requests")
-    if progress is not None:
-        progress(total, total)
-    requests = recorder.requests_frame()
-    timeseries = recorder.timeseries_frame()
-    summary = summarize(config, accelerator, cost_model, plan, timer, recorder, requests, timeseries, replicas)
+        stopped_early = watch.decided if watch is not None else None
+        recorder.watch = None
+        for replica in replicas:  # anything left could never be scheduled
+            if stopped_early:
+                break  # left unfinished by the stop, not unschedulable
+            for engine in replica.engines:
+                for seq in engine.sequences.values():
+                    recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+                                    seq.sampling.max_tokens,
+                                    "never scheduled: the replica could not fit it alongside its other requests")
+        if progress is not None:
+            progress(total, total)
+        requests = recorder.requests_frame()
+        timeseries = recorder.timeseries_frame()
+        summary = summarize(config, accelerator, cost_model, plan, timer, recorder, requests, timeseries, replicas)
+        for replica in replicas:
+            replica.release()
     if stopped_early:
         summary["stopped_early"] = stopped_early
         slo = summary["slo"]
