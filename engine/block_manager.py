@@ -51,19 +51,24 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         # Bumped each time a block is handed out anew; lets children check their parent is unchanged.
         self.generations = [0] * num_blocks
-        # Free blocks in eviction order: the first is evicted first.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free blocks in eviction order (the first is handed out first): freed blocks that hold
+        # nothing (last freed first), then the blocks never handed out (by id), then freed blocks
+        # still registered in the prefix cache (least recently freed first). The never-used ones
+        # are a counter, not entries: a pool of 10^5 blocks costs nothing until it is used.
+        self._front: OrderedDict[int, None] = OrderedDict()
+        self._next_unused = 0  # blocks next_unused ... num_blocks - 1 were never handed out
+        self._back: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
         self._by_hash: dict[int, int] = {}  # hash -> block id
 
     # -- accounting ---------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._front) + self.num_blocks - self._next_unused + len(self._back)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self._next_unused - len(self._front) - len(self._back)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -191,20 +196,20 @@ class BlockManager:
         num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
         # Reused blocks that are free leave the free pool too.
         num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0) if num_reused else 0
-        if max(num_new_blocks, 0) + num_revived > len(self._free):
+        if max(num_new_blocks, 0) + num_revived > self.num_free_blocks:
             return False
         for block_id in computed_blocks:
             if self.ref_counts[block_id] == 0:
-                del self._free[block_id]
+                self._remove_free(block_id)
             self.ref_counts[block_id] += 1
             seq.block_table.append(block_id)
         if num_reused:
             seq.num_registered_blocks = len(seq.block_table)
         if num_new_blocks <= 0:
             return True
-        pop_free, cached, by_hash = self._free.popitem, self._cached, self._by_hash
+        cached, by_hash = self._cached, self._by_hash
         generations, ref_counts = self.generations, self.ref_counts
-        new_blocks = [pop_free(False)[0] for _ in range(num_new_blocks)]
+        new_blocks = self._pop_free(num_new_blocks)
         for block_id in new_blocks:  # _take_free_block, inlined: this runs per block of every prompt
             entry = cached.pop(block_id, None)
             if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its block_hash
@@ -218,9 +223,32 @@ class BlockManager:
         """Give the sequence one new block; the caller knows the pool has one free."""
         seq.block_table.append(self._take_free_block())
 
+    def _pop_free(self, count: int) -> list[int]:
+        """The first `count` free blocks in eviction order, taken out of the free pool."""
+        taken: list[int] = []
+        front = self._front
+        while front and len(taken) < count:
+            taken.append(front.popitem(last=False)[0])
+        unused = min(count - len(taken), self.num_blocks - self._next_unused)
+        if unused > 0:
+            taken.extend(range(self._next_unused, self._next_unused + unused))
+            self._next_unused += unused
+        back = self._back
+        while len(taken) < count:
+            taken.append(back.popitem(last=False)[0])
+        return taken
+
+    def _remove_free(self, block_id: int) -> None:
+        """Take a free block that a prefix hit revives out of the free pool (a registered block:
+        it was freed, so it is not among the never-used ones)."""
+        if block_id in self._back:
+            del self._back[block_id]
+        else:
+            del self._front[block_id]
+
     def _take_free_block(self) -> int:
         """The next free block in eviction order, evicted from the prefix cache and handed out anew."""
-        block_id = self._free.popitem(last=False)[0]
+        block_id = self._pop_free(1)[0]
         self._evict(block_id)
         self.generations[block_id] += 1
         self.ref_counts[block_id] = 1
@@ -234,15 +262,17 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
         since a shared prefix is more likely to be reused than a request's own tail."""
-        ref_counts, free, cached = self.ref_counts, self._free, self._cached
+        ref_counts, front, back, cached = self.ref_counts, self._front, self._back, self._cached
         for block_id in reversed(seq.block_table):
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count == 0:
-                free[block_id] = None
-                if block_id not in cached:
+                if block_id in cached:
+                    back[block_id] = None
+                else:
                     # Uncached blocks hold nothing worth keeping: hand them out before cached ones.
-                    free.move_to_end(block_id, last=False)
+                    front[block_id] = None
+                    front.move_to_end(block_id, last=False)
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than allocated")
         seq.block_table = []
@@ -259,8 +289,8 @@ class BlockManager:
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] != 0 or block_id in self._cached:
                 raise AssertionError(f"trimmed block {block_id} was shared or registered")
-            self._free[block_id] = None
-            self._free.move_to_end(block_id, last=False)
+            self._front[block_id] = None
+            self._front.move_to_end(block_id, last=False)
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self._cached):
@@ -270,7 +300,12 @@ class BlockManager:
         """Raise AssertionError if the pool's accounting is inconsistent (for tests)."""
         in_use = sum(1 for r in self.ref_counts if r > 0)
         assert all(r >= 0 for r in self.ref_counts), "negative reference count"
-        assert in_use + len(self._free) == self.num_blocks, "free + in use != total"
-        assert all(self.ref_counts[b] == 0 for b in self._free), "a free block is referenced"
+        free = [*self._front, *range(self._next_unused, self.num_blocks), *self._back]
+        assert len(set(free)) == len(free), "a block is free twice"
+        assert in_use + len(free) == self.num_blocks, "free + in use != total"
+        assert all(self.ref_counts[b] == 0 for b in free), "a free block is referenced"
+        assert not any(b in self._cached for b in self._front), "a registered block is queued as empty"
+        assert all(self.generations[b] == 0 for b in range(self._next_unused, self.num_blocks)), \
+            "a never-used block was handed out"
         for h, b in self._by_hash.items():
             assert self._cached[b].block_hash == h, "hash index out of sync"
