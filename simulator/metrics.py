@@ -46,8 +46,10 @@ class Recorder:
     # Token times of finished requests not yet binned: their gaps and itl_max_s are computed a few
     # thousand requests at a time (one numpy pass, not one per request).
     _pending_times: list = field(default_factory=list)
-    # Told of every finish and rejection when a run may stop once its SLOs are missed (slo_watch.py).
+    # Told of every first token, finish and rejection when a run may stop once its SLOs are missed
+    # (slo_watch.py); the requests whose first token it was told of, until they finish.
     watch: object | None = None
+    _first_tokens_told: set = field(default_factory=set)
 
     def _flush_gaps(self) -> None:
         pending = self._pending_times
@@ -101,8 +103,16 @@ class Recorder:
         if len(self._pending_times) >= 4096:
             self._flush_gaps()
         if self.watch is not None:
-            self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_output_tokens)
+            counted = seq.request_id in self._first_tokens_told
+            self._first_tokens_told.discard(seq.request_id)
+            self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_output_tokens,
+                                ttft_counted=counted)
         self._done()
+
+    def first_token(self, seq: Sequence) -> None:
+        """A request's first token, told to the watch at once (replica.py calls it when one is watching)."""
+        self._first_tokens_told.add(seq.request_id)
+        self.watch.first_token(seq.arrival_time, seq.first_token_time)
 
     def reject(self, request_id: int, arrival_s: float, prompt: int, output: int, reason: str) -> None:
         self.rejected.append((request_id, arrival_s, prompt, output, reason))

@@ -53,7 +53,7 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
             if found is not None:
                 done[i] = found
     reused = len(done)
-    todo = [i for i in range(len(points)) if i not in done]
+    todo = _slowest_first(spec, points, [i for i in range(len(points)) if i not in done])
     if progress is not None:
         progress(len(done), len(points))
 
@@ -85,6 +85,20 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
                     result = failed(i, exc)
                 finish(i, result)
     return PlanResult([done[i] for i in range(len(points))], reused)
+
+
+def _slowest_first(spec: PlanSpec, points: list, todo: list[int]) -> list[int]:
+    """The order to start points in: least memory bandwidth per replica for the traffic first.
+    Those candidates need the most replicas, so the longest searches; started last, one of them
+    would keep a single worker busy after the others ran out of points."""
+    def capacity(i: int) -> float:
+        candidate, growth = points[i]
+        try:
+            bandwidth = spec.config(candidate, 1).accelerator().memory_bandwidth_gbps or 0.0
+        except ValueError:  # a bad candidate fails fast wherever it runs
+            return 0.0
+        return bandwidth * candidate.tp * candidate.pp / growth
+    return sorted(todo, key=capacity)
 
 
 def _run_on_ray(spec: PlanSpec, points: list, todo: list[int], finish, failed, workers: int,

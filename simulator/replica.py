@@ -213,6 +213,15 @@ class Replica:
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
                accepted: dict | None = None) -> int:
         finished = engine.scheduler.update(out, self._sampled, now, accepted)
+        if self.recorder.watch is not None:
+            # First tokens come from prompt chunks (steady decode runs never make one); told before
+            # the finished retire, so a one-token request is told of its first token too.
+            sequences = engine.sequences
+            for chunk in out.chunks:
+                if chunk.is_prefill and chunk.samples:
+                    seq = sequences[chunk.request_id]
+                    if seq.first_token_time == now:
+                        self.recorder.first_token(seq)
         self.output_tokens += sampled
         for f in finished:
             self._retire(engine, f.request_id)

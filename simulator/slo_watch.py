@@ -3,7 +3,9 @@
 The planner only asks whether a fleet meets its SLOs. Under overload that is settled long before
 the last request finishes: once enough requests have finished over a percentile's limit, no later
 request can bring the percentile back under it. SloWatch counts them as requests finish, and says
-so the moment a verdict of "missed" is certain; a run it watches can then stop there.
+so the moment a verdict of "missed" is certain; a run it watches can then stop there. A
+request's TTFT is counted when its first token comes (`first_token`) where the run reports it,
+not a whole generation later at its finish: under overload that decides runs far sooner.
 
 Percentiles are numpy's (linear interpolation over all N requests' values, as
 metrics.slo_attainment computes them): p_q lies at or above the sorted value at index
@@ -62,32 +64,47 @@ class SloWatch:
         self.decided: str | None = None  # why the run can no longer meet its SLOs
         self.missed: dict[str, float] = {}  # SLO -> a lower bound on its final value
 
-    def finished(self, arrival_s: float, first_token_s: float, finish_s: float, output_tokens: int = 1) -> None:
+    def first_token(self, arrival_s: float, first_token_s: float) -> None:
+        """A request's first token: its TTFT is final (finished() must then be told ttft_counted)."""
+        for lim in self.limits:
+            if lim.metric == "ttft":
+                self._count(lim, first_token_s - arrival_s)
+
+    def finished(self, arrival_s: float, first_token_s: float, finish_s: float, output_tokens: int = 1,
+                 ttft_counted: bool = False) -> None:
+        """A finished request; ttft_counted: its first token was already reported (first_token)."""
         for lim in self.limits:
             if lim.metric == "tpot":
                 if output_tokens < 2:
                     continue
                 value = (finish_s - first_token_s) / (output_tokens - 1)
+            elif lim.metric == "ttft":
+                if ttft_counted:
+                    continue
+                value = first_token_s - arrival_s
             else:
-                value = (first_token_s if lim.metric == "ttft" else finish_s) - arrival_s
-            if lim.needed == 0:
-                lim.total_s += value
-                if lim.total_s > lim.budget_s and lim.key not in self.missed:
-                    self.missed[lim.key] = lim.total_s / lim.population
-                    self._decide(f"{lim.key} is at least {self.missed[lim.key]:.3g} s whatever the rest do "
-                                 f"(limit {lim.limit_s:.3g} s)")
-                continue
-            if value <= lim.limit_s:
-                continue
-            lim.count += 1
-            if len(lim.over) < lim.needed:
-                heapq.heappush(lim.over, value)
-            else:
-                heapq.heappushpop(lim.over, value)
-            if lim.count >= lim.needed and lim.key not in self.missed:
-                self.missed[lim.key] = lim.over[0]  # the needed-th largest so far: p >= it
-                self._decide(f"{lim.key} is at least {lim.over[0]:.3g} s: {lim.count} requests already took "
-                             f"over {lim.limit_s:.3g} s")
+                value = finish_s - arrival_s
+            self._count(lim, value)
+
+    def _count(self, lim: _Limit, value: float) -> None:
+        if lim.needed == 0:
+            lim.total_s += value
+            if lim.total_s > lim.budget_s and lim.key not in self.missed:
+                self.missed[lim.key] = lim.total_s / lim.population
+                self._decide(f"{lim.key} is at least {self.missed[lim.key]:.3g} s whatever the rest do "
+                             f"(limit {lim.limit_s:.3g} s)")
+            return
+        if value <= lim.limit_s:
+            return
+        lim.count += 1
+        if len(lim.over) < lim.needed:
+            heapq.heappush(lim.over, value)
+        else:
+            heapq.heappushpop(lim.over, value)
+        if lim.count >= lim.needed and lim.key not in self.missed:
+            self.missed[lim.key] = lim.over[0]  # the needed-th largest so far: p >= it
+            self._decide(f"{lim.key} is at least {lim.over[0]:.3g} s: {lim.count} requests already took "
+                         f"over {lim.limit_s:.3g} s")
 
     def rejected(self, reason: str) -> None:
         self._decide(f"a request was rejected ({reason})")

@@ -103,3 +103,32 @@ def test_the_one_replica_case_does_stop_early() -> None:
     config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=1, slo={"ttft_p99": 1.5})
     watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
     assert "stopped_early" in watched.summary and not meets(watched.summary)
+
+
+def test_ttft_is_decided_at_first_tokens_and_counted_once() -> None:
+    watch = SloWatch({"ttft_p50": 1.0}, 4)  # p50 of 4 values: decided by 3 over the limit
+    watch.first_token(0.0, 2.0)
+    watch.first_token(0.0, 3.0)
+    watch.finished(0.0, 2.0, 9.0, 5, ttft_counted=True)  # told already: not counted again
+    assert watch.decided is None
+    watch.first_token(0.0, 4.0)  # no further request has finished, yet the verdict is certain
+    assert watch.decided and watch.missed["ttft_p50"] == 2.0
+    untold = SloWatch({"ttft_p50": 1.0}, 4)
+    for first in (2.0, 3.0):  # first tokens never told are counted at the finish
+        untold.finished(0.0, first, 9.0, 5)
+    assert untold.decided is None
+    untold.finished(0.0, 4.0, 9.0, 5)
+    assert untold.decided and untold.missed["ttft_p50"] == 2.0
+
+
+def test_a_stopped_run_told_first_tokens_decides_before_any_finish_could() -> None:
+    """Overloaded, a TTFT limit is settled by first tokens: the run stops with fewer requests
+    finished than it takes to decide from finishes alone, and the verdict is the full run's."""
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=1, slo={"ttft_p90": 1.0})
+    workload = load_workload(TRACE, seed=1)
+    full = simulate(config, workload)
+    watched = simulate(config, workload, stop_when_slo_missed=True)
+    assert not meets(full.summary) and not meets(watched.summary)
+    needed = len(workload) - int(0.9 * (len(workload) - 1))  # values over the limit that decide p90
+    assert watched.summary["num_finished"] < needed
+    assert full.summary["slo"]["measured"]["ttft_p90"] >= watched.summary["slo"]["measured"]["ttft_p90"] > 1.0
