@@ -14,7 +14,10 @@ from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.cost_model import Chunk, CostModel
 from simulator.profile import Profile
 
-PROFILE_PLACES = (Path.home() / ".cache" / "servecast",)
+# This device's profiles (servecast profile writes under the cache), then the measured profiles
+# the project ships (profiles/: GPU kernel times among them).
+SHIPPED_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+PROFILE_PLACES = (Path.home() / ".cache" / "servecast", SHIPPED_PROFILES)
 
 
 @st.cache_data(show_spinner=False)
@@ -90,7 +93,8 @@ def main() -> None:
     st.header("Profiles on hand")
     found = profiles_on_hand(tuple(str(p) for p in PROFILE_PLACES if p.is_dir()))
     if found.empty:
-        st.info("No profiles under ~/.cache/servecast yet: `servecast profile --out FILE` measures this device.")
+        st.info("No profiles under ~/.cache/servecast or profiles/ yet: `servecast profile --out FILE` "
+                "measures this device.")
     else:
         st.dataframe(found, hide_index=True)
     provenance_section()

@@ -11,6 +11,8 @@ from streamlit.testing.v1 import AppTest
 from app.dashboard.inputs import MAX_UPLOAD_BYTES, workload_from_upload
 from simulator.workload import WorkloadError
 
+SHIPPED_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
 PAGES = Path(__file__).resolve().parents[2] / "app" / "dashboard"
 
 
@@ -142,7 +144,10 @@ def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_pat
     monkeypatch.setenv("HOME", str(tmp_path))
     at = page("calibration_page.py")
     listed = at.dataframe[0].value
-    assert listed["profile"].tolist() == [str(folder / "mine.jsonl")] and listed["measurements"].tolist() == [1]
+    mine = listed[listed["profile"] == str(folder / "mine.jsonl")]
+    assert mine["measurements"].tolist() == [1]  # and notes.jsonl, not a profile, is not listed
+    shipped = listed[listed["profile"].str.startswith(str(SHIPPED_PROFILES))]
+    assert len(listed) == 1 + len(shipped) and "h200" in set(shipped["hardware"])  # the project's GPU profile
     provenance = at.dataframe[1].value
     assert set(provenance["provenance"]) <= {"fitted", "extrapolated"}  # a catalog GPU without a profile
     at.selectbox(key="cal_hw").set_value("cpu-local").run()
