@@ -37,6 +37,7 @@ from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.weights import build_decoder
 from simulator.catalog.hardware import canonical_dtype
 from simulator.profile import Measurement, Profile, forward_contexts
 
@@ -522,14 +523,8 @@ class Profiler:
         if self._held_model is None or self._held_model[0] != config.num_layers:
             self._held_model = None
             longest = max(max(p["kv_len"], p["extra_kv"]) for op, p in self.plan() if op == "forward")
-            with torch.device(self.device):
-                model = DecoderModel(config, longest + self.grid.block_size)
-            model.init_random(0)
-            model = model.to(dtype=self.torch_dtype).eval()
-            model.rotary.to(dtype=torch.float32)
-            if self.device.type == "cpu":
-                model.pack_linears_for_cpu()
-            self._held_model = (config.num_layers, model)
+            model = build_decoder(config, longest + self.grid.block_size, None, 0, self.device)
+            self._held_model = (config.num_layers, model.prepare(self.device, self.torch_dtype))
         return self._held_model[1]
 
     def _moe(self, op: str, p: dict) -> Callable[[], object]:
