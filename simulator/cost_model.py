@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -603,7 +603,7 @@ class CostModel:
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
-        rows, measured, has_prefill, verify_rows, moe_rows = [], [], [], [], []
+        rows, measured, has_prefill, chunk_counts, verify_rows, moe_rows = [], [], [], [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
             chunks, tokens, prefills, groups, verifying = host_features(o.chunks, o.block_size)
@@ -614,6 +614,7 @@ class CostModel:
             moe_rows.append(list(moe_host_features(o.model, tokens)))
             measured.append(o.forward_s)
             has_prefill.append(prefills > 0)
+            chunk_counts.append(chunks)
         terms = FRAMEWORK_TERMS
         if any(v for v, _ in verify_rows):
             rows = [row + v for row, v in zip(rows, verify_rows)]
@@ -626,12 +627,23 @@ class CostModel:
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
         # as much as large prefill steps. Steps with a prefill chunk (which set TTFT) are far fewer
         # than all-decode steps in any replay; the two kinds get equal total weight.
-        prefill = np.array(has_prefill)
-        balance = np.ones(len(rows))
-        if prefill.any() and (~prefill).any():
-            balance[prefill] = np.sqrt((~prefill).sum() / prefill.sum())
-        weights = balance / np.array(measured)
-        coefficients, _ = nnls(np.array(rows) * weights[:, None], np.array(measured) * weights)
+        # Each kind of step (with or without a prefill chunk, and its batch size to within a
+        # factor of two) gets equal total weight (weights enter squared).
+        bins = [(p, max(n, 1).bit_length()) for p, n in zip(has_prefill, chunk_counts)]
+        counts = Counter(bins)
+        balance = np.array([1.0 / np.sqrt(counts[b]) for b in bins])
+        a, b = np.array(rows), np.array(measured)
+        weights = balance / b
+        coefficients, _ = nnls(a * weights[:, None], b * weights)
+        # Dividing by the measured time favours predicting low: a step that happened to run slow
+        # weighs less than one that ran fast, so the fit lands below the typical step by about the
+        # square of the noise (several percent on a shared machine), and every request-level sum of
+        # step times inherits it. Reweighting by the *predicted* time (twice, from the first fit)
+        # keeps relative weights but makes each step shape's fit its mean.
+        for _ in range(2):
+            predicted = np.maximum(a @ coefficients, 1e-9)
+            weights = balance / predicted
+            coefficients, _ = nnls(a * weights[:, None], b * weights)
         self.framework = dict(zip(terms, (float(c) for c in coefficients)))
 
     def predict(self, op: str, **params) -> Prediction:
