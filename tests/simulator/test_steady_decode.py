@@ -49,3 +49,19 @@ def test_bulk_decode_runs_equal_step_by_step_on_a_profiled_device(tmp_path) -> N
     bulk = simulate(config, load_workload(spec))
     stepwise = simulate(config, load_workload(spec), bulk_decodes=False)
     pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
+
+
+def test_bulk_decode_runs_equal_step_by_step_when_requests_fill_identical_blocks() -> None:
+    """Prompts made only of shared segments, decoding the same tokens, fill blocks of equal
+    content concurrently and get preempted: the prefix cache keeps the first of equal blocks, so
+    registration order matters, and the bulk run must keep the step-by-step one."""
+    from simulator.workload import make_workload
+
+    rows = [(0.002 * k, 96 if k % 2 else 64, 60 + 7 * (k % 5), (1, 2, 3, 4, 5, 6)) for k in range(60)]
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", block_size=4, num_gpu_blocks=300,
+                       max_model_len=512)
+    bulk = simulate(config, make_workload("same", rows, segment_tokens=16))
+    stepwise = simulate(config, make_workload("same", rows, segment_tokens=16), bulk_decodes=False)
+    pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
+    assert bulk.summary["prefix_cache_hit_rate"] == pytest.approx(stepwise.summary["prefix_cache_hit_rate"])
+    assert bulk.summary["prefix_cache_hit_rate"] > 0
