@@ -49,7 +49,7 @@ def validate_command(
     profile: Optional[Path] = typer.Option(None, help="profile of this device for the model (default: profile now)"),
     device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"), seed: int = typer.Option(0),
     threads: int = typer.Option(1, help="torch CPU threads for the profile and the engine (0: torch's choice)"),
-    calibration_requests: int = typer.Option(96, help="engine steps of this many *other* requests, replayed just "
+    calibration_requests: int = typer.Option(192, help="engine steps of this many *other* requests, replayed just "
                                                       "before and after each level, calibrate the framework "
                                                       "overhead (0: profile only)"),
     repeats: int = typer.Option(3, help="independent measurements per level; errors are their median"),
