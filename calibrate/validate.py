@@ -348,14 +348,16 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
                        {**step_errors(level_config, level_steps, level_model), "machine_drift": drift})
 
 
-def record_steps(engine) -> list[tuple[list, float]]:
-    """Wrap engine.step to record each step's scheduled chunks and wall time."""
+def record_steps(engine) -> list[tuple[list, float, float]]:
+    """Wrap engine.step to record each step's scheduled chunks, wall time, and how long the engine
+    had been idle before it (0 when it follows a step that left work)."""
     import time
 
-    steps: list[tuple[list, float]] = []
+    steps: list[tuple[list, float, float]] = []
     scheduler, step = engine.scheduler, engine.step
     schedule = scheduler.schedule
     last: list = [None]
+    previous: dict = {"end": None, "left_work": True}
 
     def recording_schedule(now: float = 0.0):
         last[0] = schedule(now)
@@ -363,9 +365,12 @@ def record_steps(engine) -> list[tuple[list, float]]:
 
     def timed_step():
         started = time.perf_counter()
+        idle_s = 0.0 if previous["left_work"] or previous["end"] is None else started - previous["end"]
         outputs = step()
+        ended = time.perf_counter()
         if last[0] is not None and not last[0].is_empty:
-            steps.append((list(last[0].chunks), time.perf_counter() - started))
+            steps.append((list(last[0].chunks), ended - started, idle_s))
+            previous["end"], previous["left_work"] = ended, engine.has_unfinished_requests()
         return outputs
 
     scheduler.schedule = recording_schedule
@@ -373,35 +378,44 @@ def record_steps(engine) -> list[tuple[list, float]]:
     return steps
 
 
-def step_observations(steps: list[tuple[list, float]], config: SimConfig, cost_model: CostModel) -> list:
-    """Recorded engine steps as StepObservations (forward time: the step less the scheduler's)."""
+def step_observations(steps: list[tuple[list, float, float]], config: SimConfig, cost_model: CostModel) -> list:
+    """Recorded engine steps as StepObservations. Forward time: the step less the scheduler's
+    time and, after idle, less the wakeup the simulator adds on its own (CostModel.predict_idle_wakeup):
+    left in, the fit would charge every step of the shapes that follow idle with it."""
     from simulator.cost_model import Chunk, StepObservation
 
     model = config.model_spec()
     out = []
-    for chunks, seconds in steps:
+    for chunks, seconds, idle_s in steps:
         cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in chunks]
         host = cost_model.predict_step_overhead(len(cs)).time_s
+        if idle_s > 0:
+            host += cost_model.predict_idle_wakeup(idle_s).time_s
         out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, seconds - host))
     return out
 
 
-def step_errors(config: SimConfig, steps: list[tuple[list, float]], cost_model: CostModel) -> dict:
-    """The cost model's step time against every step the engine took: how much of the request-level
-    error is step time (rather than scheduling dynamics)."""
+def step_errors(config: SimConfig, steps: list[tuple[list, float, float]], cost_model: CostModel) -> dict:
+    """The cost model's step time (with the wakeup after idle, as the simulator adds it) against
+    every step the engine took: how much of the request-level error is step time (rather than
+    scheduling dynamics)."""
     from simulator.step_timer import StepTimer
 
     model, _, _ = config.check()
     timer = StepTimer(cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
-    measured = np.array([t for _, t in steps])
-    predicted = np.array([timer.step(chunks) for chunks, _ in steps])
-    decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _ in steps])
+    measured = np.array([t for _, t, _ in steps])
+    predicted = np.array([timer.step(chunks) + timer.wakeup(idle_s) for chunks, _, idle_s in steps])
+    decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _, _ in steps])
+    after_idle = np.array([idle_s > 0 for _, _, idle_s in steps])
     out = {"steps": int(len(steps)), "total_ratio": float(predicted.sum() / measured.sum()),
            "median_ratio": float(np.median(predicted / measured))}
     if decode.any():
         out["decode_median_ratio"] = float(np.median(predicted[decode] / measured[decode]))
     if (~decode).any():
         out["prefill_median_ratio"] = float(np.median(predicted[~decode] / measured[~decode]))
+    if after_idle.any():
+        out["after_idle_median_ratio"] = float(np.median(predicted[after_idle] / measured[after_idle]))
+        out["after_idle_steps"] = int(after_idle.sum())
     return out
 
 
