@@ -5,14 +5,16 @@ The executor is local processes by default (one simulation per core at a time); 
 everything runs in this process (tests, debugging); executor="ray" sends the points to a Ray
 cluster (`address`, or a local Ray instance of `workers` CPUs) when a sweep outgrows one machine.
 A point whose simulation raises is reported with the error and the others go on (and is recomputed
-on the next run). A worker process that dies outright takes the local pool's points in flight with
-it; Ray fails only that task.
+on the next run). A worker process that dies outright (killed, out of memory) breaks a local pool
+and every point the pool still held; those are run again, and a point that kills its own process
+alone is the one reported failed. Ray fails only that task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, plan_candidate, recommend
@@ -75,16 +77,45 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
         for i in todo:
             finish(i, plan_candidate(spec, *points[i]))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(plan_candidate, spec, *points[i]): i for i in todo}
-            for future in as_completed(futures):
-                i = futures[future]
-                try:
-                    result = future.result()
-                except Exception as exc:  # noqa: BLE001 -- a crashed point is reported, the sweep goes on
-                    result = failed(i, exc)
-                finish(i, result)
+        _run_on_processes(spec, points, todo, finish, failed, workers)
     return PlanResult([done[i] for i in range(len(points))], reused)
+
+
+def _run_on_processes(spec: PlanSpec, points: list, todo: list[int], finish, failed, workers: int) -> None:
+    """The points on a local process pool. A worker that dies breaks the pool, and every point it
+    still held fails with it, whichever one killed it. So the broken points go round again on a
+    fresh pool; when a round finishes none of them, they are run one at a time, each in its own
+    process, until one dies alone -- the point reported failed -- and the rest go back to a pool."""
+    remaining = list(todo)
+    while remaining:
+        broken = _pool_round(spec, points, remaining, finish, failed, workers)
+        if len(broken) == len(remaining):
+            while broken:
+                i = broken.pop(0)
+                if _pool_round(spec, points, [i], finish, failed, 1):
+                    finish(i, failed(i, BrokenProcessPool("its worker process died running this point alone")))
+                    break
+        remaining = broken
+
+
+def _pool_round(spec: PlanSpec, points: list, todo: list[int], finish, failed, workers: int) -> list[int]:
+    """One pool over the points, each finished as it completes; returns those the pool lost when
+    a worker died (unfinished, in their original order)."""
+    broken = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(plan_candidate, spec, *points[i]): i for i in todo}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                broken.append(i)
+                continue
+            except Exception as exc:  # noqa: BLE001 -- a crashed point is reported, the sweep goes on
+                result = failed(i, exc)
+            finish(i, result)
+    order = {i: k for k, i in enumerate(todo)}
+    return sorted(broken, key=order.__getitem__)
 
 
 def _slowest_first(spec: PlanSpec, points: list, todo: list[int]) -> list[int]:

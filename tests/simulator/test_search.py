@@ -3,6 +3,8 @@ infeasible candidates reported, finished points resumed from the study file."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from simulator.planner import run_plan
@@ -99,6 +101,32 @@ def test_local_processes_give_the_same_plan_as_one_process() -> None:
     one = run_plan(spec(), candidates, growth=(1.0, 2.0))
     pool = run_plan(spec(), candidates, growth=(1.0, 2.0), workers=2)
     assert [r.row() for r in pool.results] == [r.row() for r in one.results]
+
+
+def _dies_on_l40s(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0) -> object:
+    """plan_candidate, except that the worker process dies outright on an l40s candidate."""
+    if candidate.hardware == "l40s":
+        os._exit(1)
+    return plan_candidate(spec, candidate, rate_scale)
+
+
+def test_a_worker_process_that_dies_loses_only_its_own_point(monkeypatch, tmp_path) -> None:
+    import simulator.planner as planner
+
+    candidates = [Candidate("h100-sxm"), Candidate("l40s"), Candidate("a100-80gb"), Candidate("h100-sxm", "fp8"),
+                  Candidate("h200")]
+    expected = {c: plan_candidate(spec(), c).row() for c in candidates if c.hardware != "l40s"}
+    monkeypatch.setattr(planner, "plan_candidate", _dies_on_l40s)
+    study = Study(tmp_path / "study.sqlite")
+    plan = run_plan(spec(), candidates, workers=2, study=study)
+    for result in plan.results:
+        if result.candidate.hardware == "l40s":
+            assert not result.feasible and result.reason.startswith(planner.WORKER_FAILED)
+        else:
+            assert result.row() == expected[result.candidate]
+    # The survivors were kept; the crashed point was not, so a rerun computes only it.
+    monkeypatch.setattr(planner, "plan_candidate", plan_candidate)
+    assert run_plan(spec(), candidates, study=study).reused == len(candidates) - 1
 
 
 def test_the_ray_executor_gives_the_same_plan_as_local_processes(tmp_path) -> None:
