@@ -625,10 +625,9 @@ class CostModel:
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
-        # as much as large prefill steps. Steps with a prefill chunk (which set TTFT) are far fewer
-        # than all-decode steps in any replay; the two kinds get equal total weight.
-        # Each kind of step (with or without a prefill chunk, and its batch size to within a
-        # factor of two) gets equal total weight (weights enter squared).
+        # as much as large prefill steps. Any replay is mostly small all-decode steps, so each kind
+        # of step -- with or without a prefill chunk (those set TTFT), at its batch size to within
+        # a factor of two -- gets equal total weight (weights enter squared).
         bins = [(p, max(n, 1).bit_length()) for p, n in zip(has_prefill, chunk_counts)]
         counts = Counter(bins)
         balance = np.array([1.0 / np.sqrt(counts[b]) for b in bins])
