@@ -628,9 +628,9 @@ class CostModel:
         # as much as large prefill steps. Any replay is mostly small all-decode steps, so each kind
         # of step -- with or without a prefill chunk (those set TTFT), at its batch size to within
         # a factor of two -- gets equal total weight (weights enter squared).
-        bins = [(p, max(n, 1).bit_length()) for p, n in zip(has_prefill, chunk_counts)]
-        counts = Counter(bins)
-        balance = np.array([1.0 / np.sqrt(counts[b]) for b in bins])
+        kinds = [(prefill, max(n, 1).bit_length()) for prefill, n in zip(has_prefill, chunk_counts)]
+        per_kind = Counter(kinds)
+        balance = np.array([1.0 / np.sqrt(per_kind[kind]) for kind in kinds])
         a, b = np.array(rows), np.array(measured)
         weights = balance / b
         coefficients, _ = nnls(a * weights[:, None], b * weights)

@@ -53,8 +53,8 @@ def test_bulk_decode_runs_equal_step_by_step_on_a_profiled_device(tmp_path) -> N
 
 def test_bulk_decode_runs_equal_step_by_step_when_requests_fill_identical_blocks() -> None:
     """Prompts made only of shared segments, decoding the same tokens, fill blocks of equal
-    content concurrently and get preempted: the prefix cache keeps the first of equal blocks, so
-    registration order matters, and the bulk run must keep the step-by-step one."""
+    content concurrently and get preempted: the prefix cache keeps the first of equal blocks it is
+    told of, and the bulk runs, which register in the step-by-step order, end where stepping does."""
     from simulator.workload import make_workload
 
     rows = [(0.002 * k, 96 if k % 2 else 64, 60 + 7 * (k % 5), (1, 2, 3, 4, 5, 6)) for k in range(60)]
