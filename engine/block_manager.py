@@ -9,6 +9,13 @@ Prefix identity: a full block is identified by its token ids and by the identity
 before it (its block id and that block's allocation generation). The chained hash of those is
 only the lookup key; a hit is accepted only when tokens and parent identity match exactly, so a
 hash collision can cost a cache miss but never a wrong reuse.
+
+Exact keys (exact_keys=True, the simulator's mode): each sequence brings its blocks' keys in
+Sequence.block_hashes, filled in advance for every block it can fill, and a key is an identity,
+not a hash: equal keys hold exactly when the tokens from the sequence's start through the block's
+end are equal (and keys of different block positions differ). The pool then hashes no tokens and
+checks no contents; it makes the same decisions it would make hashing the same tokens (a block
+is reused only after the very block it was filled after, as there).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ class _CachedBlock(NamedTuple):
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash) -> None:
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash,
+                 exact_keys: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"a block pool needs num_blocks > 0 and block_size > 0, "
                              f"got {num_blocks} and {block_size}")
@@ -48,6 +56,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
+        self.exact_keys = exact_keys
         self.ref_counts = [0] * num_blocks
         # Bumped each time a block is handed out anew; lets children check their parent is unchanged.
         self.generations = [0] * num_blocks
@@ -58,7 +67,8 @@ class BlockManager:
         self._front: OrderedDict[int, None] = OrderedDict()
         self._next_unused = 0  # blocks next_unused ... num_blocks - 1 were never handed out
         self._back: OrderedDict[int, None] = OrderedDict()
-        self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
+        # block id -> its registered identity (a _CachedBlock; with exact keys, (key, parent id, parent generation))
+        self._cached: dict[int, _CachedBlock | tuple[int, int, int]] = {}
         self._by_hash: dict[int, int] = {}  # hash -> block id
 
     # -- accounting ---------------------------------------------------------------------------
@@ -102,6 +112,20 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.sampling.return_prompt_logits:
             return []
         num_full = (seq.num_tokens - 1) // self.block_size
+        if self.exact_keys:
+            by_hash, cached, generations = self._by_hash, self._cached, self.generations
+            found = []
+            parent_id, parent_gen = NO_PARENT, 0
+            for key in self._exact_keys(seq, 0, num_full):
+                block_id = by_hash.get(key)
+                if block_id is None:
+                    break
+                entry = cached[block_id]
+                if entry[1] != parent_id or entry[2] != parent_gen:
+                    break  # filled after another copy of this prefix: the hashed pool's rule, kept
+                found.append(block_id)
+                parent_id, parent_gen = block_id, generations[block_id]
+            return found
         hashes = seq.block_hashes
         bs = self.block_size
         found: list[int] = []
@@ -127,6 +151,9 @@ class BlockManager:
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         first = seq.num_registered_blocks
         if num_full <= first:
+            return
+        if self.exact_keys:
+            self._register_exact(seq, first, num_full)
             return
         hashes = seq.block_hashes
         if len(hashes) < first:
@@ -183,6 +210,43 @@ class BlockManager:
                 by_hash[block_hash] = block_id
         seq.num_registered_blocks = num_full
 
+    def _exact_keys(self, seq: Sequence, first: int, end: int) -> list:
+        keys = seq.block_hashes[first:end]
+        if len(keys) < end - first:
+            raise ValueError(f"request {seq.request_id!r} brings keys for {len(seq.block_hashes)} blocks but "
+                             f"fills {end}: with exact_keys, fill Sequence.block_hashes for every block it can fill")
+        return keys
+
+    def _register_exact(self, seq: Sequence, first: int, num_full: int) -> None:
+        """cache_full_blocks with the sequence's exact keys: the same registrations, no hashing.
+        An entry is (key, parent id, parent generation), as a hashed entry without its tokens."""
+        keys = self._exact_keys(seq, first, num_full)
+        table = seq.block_table
+        cached, by_hash = self._cached, self._by_hash
+        if num_full - first == 1 and first:
+            # A decode filled one block: the common case, in straight-line code.
+            key, block_id, parent_id = keys[0], table[first], table[first - 1]
+            if block_id not in cached and key not in by_hash:
+                cached[block_id] = (key, parent_id, self.generations[parent_id])
+                by_hash[key] = block_id
+            seq.num_registered_blocks = num_full
+            return
+        block_ids = table[first:num_full]
+        parent_ids = table[first - 1:num_full - 1] if first else [NO_PARENT, *table[:num_full - 1]]
+        parent_gens = list(map(self.generations.__getitem__, parent_ids))
+        if not first:
+            parent_gens[0] = 0  # the first block has no parent (NO_PARENT indexed the list's end)
+        if cached.keys().isdisjoint(block_ids) and by_hash.keys().isdisjoint(keys):
+            cached.update(zip(block_ids, zip(keys, parent_ids, parent_gens)))  # fresh blocks, fresh keys
+            by_hash.update(zip(keys, block_ids))
+        else:
+            for block_id, entry in zip(block_ids, zip(keys, parent_ids, parent_gens)):
+                if block_id in cached or entry[0] in by_hash:
+                    continue  # a prefix hit, or the same content computed twice concurrently: keep the first
+                cached[block_id] = entry
+                by_hash[entry[0]] = block_id
+        seq.num_registered_blocks = num_full
+
     # -- allocation ---------------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
         """Give the sequence blocks for num_new_tokens more tokens (after any computed_blocks).
@@ -212,7 +276,7 @@ class BlockManager:
         new_blocks = self._pop_free(num_new_blocks)
         for block_id in new_blocks:  # _take_free_block, inlined: this runs per block of every prompt
             entry = cached.pop(block_id, None)
-            if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its block_hash
+            if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its key
                 del by_hash[entry[0]]
             generations[block_id] += 1
             ref_counts[block_id] = 1
@@ -256,8 +320,8 @@ class BlockManager:
 
     def _evict(self, block_id: int) -> None:
         entry = self._cached.pop(block_id, None)
-        if entry is not None and self._by_hash.get(entry.block_hash) == block_id:
-            del self._by_hash[entry.block_hash]
+        if entry is not None and self._by_hash.get(entry[0]) == block_id:  # entry[0]: its key
+            del self._by_hash[entry[0]]
 
     def free(self, seq: Sequence) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
@@ -308,4 +372,4 @@ class BlockManager:
         assert all(self.generations[b] == 0 for b in range(self._next_unused, self.num_blocks)), \
             "a never-used block was handed out"
         for h, b in self._by_hash.items():
-            assert self._cached[b].block_hash == h, "hash index out of sync"
+            assert self._cached[b][0] == h, "hash index out of sync"

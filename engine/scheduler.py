@@ -70,7 +70,8 @@ class Scheduler:
                  eos_token_ids: Iterable[int] = ()) -> None:
         self.config = scheduler_config
         self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size,
-                                          cache_config.enable_prefix_caching)
+                                          cache_config.enable_prefix_caching,
+                                          exact_keys=cache_config.exact_block_keys)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.requests: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()

@@ -32,6 +32,7 @@ import simpy
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from simulator import steady_decode
+from simulator.block_keys import BlockKeys
 from engine.sequence import Sequence
 from simulator.metrics import Recorder
 from simulator.speculation import Speculation
@@ -63,8 +64,11 @@ class _VirtualEngine:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
                  recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
-                 bulk_decodes: bool = True, speculation: Speculation | None = None) -> None:
+                 bulk_decodes: bool = True, speculation: Speculation | None = None,
+                 block_keys: BlockKeys | None = None) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
+        # Exact prefix-cache keys for the block manager, when its pool runs in exact-key mode.
+        self.block_keys = block_keys
         self.speculation = speculation  # simulator/speculation.py, when speculative decoding is on
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
         # request id -> the token it samples, for every unfinished request (update() reads it).
@@ -106,6 +110,8 @@ class Replica:
         seq = Sequence(request.request_id, request.prompt_token_ids(),
                        SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True),
                        request.arrival_s)
+        if self.block_keys is not None:
+            seq.block_hashes = self.block_keys.of(request)
         try:
             engine.scheduler.add(seq)
         except ValueError as exc:  # can never be served here: rejected with the scheduler's reason

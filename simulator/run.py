@@ -14,6 +14,7 @@ import simpy
 
 from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
+from simulator.block_keys import BlockKeys
 from simulator.cost_model import CostModel
 from simulator.memory import MemoryPlan
 from simulator.metrics import Recorder, distribution, slo_attainment
@@ -42,13 +43,14 @@ class SimResult:
 def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
              progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None,
              bulk_decodes: bool = True, draft_cost_model: CostModel | None = None,
-             stop_when_slo_missed: bool = False) -> SimResult:
+             stop_when_slo_missed: bool = False, exact_block_keys: bool = True) -> SimResult:
     """Run the workload through config's fleet. progress(done, total) is called as requests finish.
     timer replaces the cost model's step times (tests use fixed or replayed step times);
     bulk_decodes=False takes every steady decode step through the scheduler one by one (same results);
     draft_cost_model: the speculative draft's (default: loaded from config.draft_profile, else cost_model).
     stop_when_slo_missed: end the run as soon as missing config.slo is certain (simulator/slo_watch.py);
-    the summary then covers the requests finished so far and says why under "stopped_early"."""
+    the summary then covers the requests finished so far and says why under "stopped_early".
+    exact_block_keys=False: the block pool hashes every block's tokens, as in the engine (same results)."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
@@ -63,7 +65,11 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill,
                                        num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
-    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
+    # The engine's scheduler and pool; the pool takes exact block keys (simulator/block_keys.py)
+    # instead of hashing each block's tokens: the same decisions, a fraction of the work.
+    exact_keys = exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
+    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching, exact_keys)
+    block_keys = BlockKeys(config.block_size) if exact_keys else None
 
     def make_scheduler():
         if config.scheduler == "static":
@@ -84,7 +90,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
     speculation = make_speculation(config, model, cost_model, weight_dtype, draft_cost_model)
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes,
-                        speculation(i) if speculation else None) for i in range(config.replicas)]
+                        speculation(i) if speculation else None, block_keys) for i in range(config.replicas)]
     router = Router(config.router, replicas)
     total = len(workload)
     if progress is not None:

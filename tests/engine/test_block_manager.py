@@ -106,3 +106,78 @@ def test_reused_block_parent_must_be_the_same_block_generation() -> None:
 def test_pool_must_have_blocks() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
         BlockManager(num_blocks=0, block_size=16)
+
+
+def _exact_keys(tokens: list[int], block_size: int, interned: dict) -> list[int]:
+    """Exact keys as a caller makes them: one number per distinct token prefix ending at a block end."""
+    return [interned.setdefault(tuple(tokens[:(i + 1) * block_size]), len(interned))
+            for i in range(len(tokens) // block_size)]
+
+
+def test_exact_keys_make_the_decisions_token_hashing_makes() -> None:
+    """The same random admissions, decodes and frees against a pool that hashes tokens and one that
+    takes exact keys: the same blocks handed out, the same prefix hits, the same free pool. Prompts
+    repeat and decode the same tokens, so equal blocks are also filled concurrently (where a hit
+    must follow the very parent block, as the hashed pool requires)."""
+    import random
+
+    rng = random.Random(3)
+    block_size, interned = 4, {}
+    hashed = BlockManager(num_blocks=40, block_size=block_size)
+    keyed = BlockManager(num_blocks=40, block_size=block_size, exact_keys=True)
+    prefixes = [[rng.randrange(1, 5) for _ in range(rng.randrange(3, 14))] for _ in range(4)]
+    live: list[tuple[Sequence, Sequence, list[int]]] = []
+    hits = 0
+    for step in range(600):
+        if live and (rng.random() < 0.3 or hashed.num_free_blocks < 6):
+            a, b, _ = live.pop(rng.randrange(len(live)))
+            hashed.free(a)
+            keyed.free(b)
+        elif live and rng.random() < 0.5:  # one request decodes a few tokens
+            a, b, full = live[rng.randrange(len(live))]
+            for _ in range(rng.randrange(1, 6)):
+                if len(full) <= a.num_tokens or not hashed.allocate_slots(a, 1):
+                    break
+                assert keyed.allocate_slots(b, 1)
+                for s in (a, b):
+                    s.token_ids.append(full[s.num_tokens])
+                    s.num_computed_tokens += 1
+                hashed.cache_full_blocks(a)
+                keyed.cache_full_blocks(b)
+        else:  # a request arrives: a shared prefix (or none), its own tokens, and its whole future
+            if live and rng.random() < 0.3:  # a prompt that is (part of) another request's text
+                other = rng.choice(live)[2]
+                prompt = other[:rng.randrange(1, len(other))]
+            else:
+                prompt = rng.choice(prefixes + [[]]) + [rng.randrange(1, 3) for _ in range(rng.randrange(1, 4))]
+            full = prompt + [1] * 12
+            a, b = seq(prompt, f"a{step}"), seq(prompt, f"b{step}")
+            b.block_hashes = _exact_keys(full, block_size, interned)
+            computed_a, computed_b = hashed.get_computed_blocks(a), keyed.get_computed_blocks(b)
+            assert computed_a == computed_b
+            hits += len(computed_a)
+            new = a.num_tokens - len(computed_a) * block_size
+            if not hashed.allocate_slots(a, new, computed_a):
+                assert not keyed.allocate_slots(b, new, computed_b)
+                continue
+            assert keyed.allocate_slots(b, new, computed_b)
+            for s in (a, b):
+                s.num_computed_tokens = s.num_tokens
+            hashed.cache_full_blocks(a)
+            keyed.cache_full_blocks(b)
+            live.append((a, b, full))
+        assert [a.block_table for a, _, _ in live] == [b.block_table for _, b, _ in live]
+        assert (hashed.num_free_blocks, hashed.num_cached_blocks) == (keyed.num_free_blocks, keyed.num_cached_blocks)
+    keyed.check_invariants()
+    assert hits > 50  # prefixes were found, and evictions happened along the way
+    assert hashed._next_unused == hashed.num_blocks
+
+
+def test_exact_keys_missing_for_a_block_is_a_clear_error() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, exact_keys=True)
+    s = seq(range(9))
+    s.block_hashes = [7]  # keys for one block, but the prompt fills two
+    assert bm.allocate_slots(s, 9)
+    s.num_computed_tokens = 9
+    with pytest.raises(ValueError, match="fill Sequence.block_hashes for every block"):
+        bm.cache_full_blocks(s)
