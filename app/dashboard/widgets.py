@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import streamlit as st
 
 from app.dashboard.inputs import bundled_spec, workload_from_spec, workload_from_upload
@@ -52,28 +54,47 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
                                            help="mixture-of-experts models under TP: whole experts per rank")}
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def cached_simulation(fields: tuple, trace_key: str, _workload):
-    """A SimResult for these SimConfig fields and this workload (cached: a repeated question is instant)."""
-    from simulator.run import simulate
-    from simulator.sim_config import SimConfig
+SIMULATIONS_KEPT = 32  # answers remembered across sessions, least recently asked dropped first
 
-    return simulate(SimConfig(**dict(fields)), _workload)
+
+@st.cache_resource(show_spinner=False)
+def simulation_store() -> OrderedDict:
+    """Answers so far, (SimConfig fields, trace key) -> SimResult: a repeated question is instant.
+    A plain store rather than st.cache_data, so that the progress bar can live outside it."""
+    return OrderedDict()
 
 
 def simulate_fleet(fields: dict, workload, trace_key: str):
-    """The simulation, or None after showing why the configuration cannot run."""
+    """The simulation (with a progress bar while it runs), or None after showing why the
+    configuration cannot run. Callers only read the result: it is shared with later askers."""
     from pydantic import ValidationError
 
     from app.simulate_command import validation_message
+    from simulator.run import simulate
     from simulator.sim_config import SimConfig
 
     try:
-        SimConfig(**fields).check()
+        config = SimConfig(**fields)
+        config.check()
     except ValidationError as exc:
         st.error(validation_message(exc))
         return None
     except ValueError as exc:
         st.error(str(exc))
         return None
-    return cached_simulation(tuple(sorted(fields.items())), trace_key, workload)
+    store, key = simulation_store(), (tuple(sorted(fields.items())), trace_key)
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    bar = st.progress(0.0, text=f"simulating {len(workload):,} requests")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"simulating: {done:,} of {total:,} requests finished")
+    try:
+        result = simulate(config, workload, progress=progress)
+    finally:
+        bar.empty()
+    store[key] = result
+    while len(store) > SIMULATIONS_KEPT:
+        store.popitem(last=False)
+    return result

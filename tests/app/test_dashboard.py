@@ -156,3 +156,20 @@ def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_pat
     assert "no profile at" in at.error[0].value
     at.text_input(key="cal_validate").set_value(str(tmp_path)).run()
     assert any("no errors.csv" in e.value for e in at.error) and not at.exception
+
+
+def test_a_repeated_question_is_answered_from_the_store_without_simulating(monkeypatch) -> None:
+    """Going back to an earlier fleet answers at once: the simulation runs once per question."""
+    import simulator.run
+
+    calls = []
+    simulate = simulator.run.simulate
+    monkeypatch.setattr(simulator.run, "simulate", lambda *a, **k: calls.append(1) or simulate(*a, **k))
+    at = page("explore_page.py")
+    at.number_input(key="explore_rate").set_value(3.0).run()
+    first = at.metric[1].value
+    asked = len(calls)
+    at.number_input(key="explore_replicas").set_value(3).run()
+    assert len(calls) == asked + 1
+    at.number_input(key="explore_replicas").set_value(1).run()  # the earlier question again
+    assert not at.exception and len(calls) == asked + 1 and at.metric[1].value == first
