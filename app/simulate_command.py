@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,7 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console):
+def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console, workers: int = 1):
     from simulator.cost_model import CostModel
     from simulator.run import simulate
     from simulator.synthetic import load_workload
@@ -40,7 +41,7 @@ def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console
                   TimeRemainingColumn(), console=console, transient=as_json) as progress:
         task = progress.add_task("simulate", total=len(workload))
         return simulate(config, workload, cost_model,
-                        progress=lambda done, total: progress.update(task, completed=done))
+                        progress=lambda done, total: progress.update(task, completed=done), workers=workers)
 
 
 def write_outputs(out: Path, result) -> None:
@@ -137,6 +138,8 @@ def simulate_command(
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank "
                                          "with all-to-all, instead of a slice of every expert"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
+    workers: int = typer.Option(max(1, os.cpu_count() or 1), help="processes for the replicas under round-robin "
+                                "routing (the same results; other routers use one)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
 ) -> None:
@@ -157,7 +160,9 @@ def simulate_command(
                            acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
                            draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
                            expert_parallel=expert_parallel, routing_skew=routing_skew)
-        result = run_simulation(config, trace, rate_scale, as_json, console)
+        if workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {workers}")
+        result = run_simulation(config, trace, rate_scale, as_json, console, workers)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:

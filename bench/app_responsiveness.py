@@ -8,6 +8,7 @@ process, as from the shell). Prints seconds; never passes or fails.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -28,15 +29,18 @@ def main() -> None:
     # The app answers in a process that has served a question already (its modules imported, the
     # catalog and profiles read): warm this one the same way, on a small trace.
     simulate(config, workload_from_spec(bundled_spec(100, 40.0)))
+    workers = os.cpu_count() or 1  # as the app runs it: round-robin replicas spread over the cores
     started = time.perf_counter()
     workload = workload_from_spec(bundled_spec(args.requests, 40.0))
     loaded = time.perf_counter() - started
-    started = time.perf_counter()
-    result = simulate(config, workload)
-    simulated = time.perf_counter() - started
-    print(f"what-if: {args.requests:,} requests (bundled ShareGPT lengths at 40 req/s) on 8 x h100-sxm: trace "
-          f"{loaded:.2f} s + simulation {simulated:.2f} s = {loaded + simulated:.2f} s "
-          f"({args.requests / simulated:,.0f} simulated requests/s; TTFT p99 {result.summary['ttft_s']['p99']:.3f} s)")
+    for processes in sorted({workers, 1}, reverse=True):
+        started = time.perf_counter()
+        result = simulate(config, workload, workers=processes)
+        simulated = time.perf_counter() - started
+        print(f"what-if: {args.requests:,} requests (bundled ShareGPT lengths at 40 req/s) on 8 x h100-sxm, "
+              f"{processes} process{'es' if processes > 1 else ''}: trace {loaded:.2f} s + simulation "
+              f"{simulated:.2f} s = {loaded + simulated:.2f} s ({args.requests / simulated:,.0f} simulated "
+              f"requests/s; TTFT p99 {result.summary['ttft_s']['p99']:.3f} s)")
     # The same question on shorter prompts: the simulator's cost follows the KV blocks it manages.
     conv = args.shared / "traces" / "splitwise_conv.csv"
     if conv.is_file():
@@ -46,11 +50,12 @@ def main() -> None:
         workload = load_workload(f"{conv},limit={args.requests}")
         loaded = time.perf_counter() - started
         started = time.perf_counter()
-        simulate(config, workload)
+        simulate(config, workload, workers=workers)
         simulated = time.perf_counter() - started
         mean_prompt = sum(r.prompt_tokens for r in workload) / len(workload)
         print(f"what-if: {len(workload):,} requests of the Azure conversation trace (mean prompt {mean_prompt:,.0f} "
-              f"tokens, its own arrival times) on 8 x h100-sxm: trace {loaded:.2f} s + simulation {simulated:.2f} s")
+              f"tokens, its own arrival times) on 8 x h100-sxm, {workers} processes: trace {loaded:.2f} s + "
+              f"simulation {simulated:.2f} s")
     if args.skip_plan:
         return
     started = time.perf_counter()

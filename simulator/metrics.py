@@ -76,8 +76,19 @@ class Recorder:
         self.columns["itl_max_s"].extend(itl_max.tolist())
 
     def on_progress(self, callback, every: int = 1) -> None:
-        """callback(number of requests done) after every `every` finished or rejected requests."""
+        """callback(number of requests done) after every `every` finished or rejected requests (None: stop)."""
         self._progress, self._progress_every = callback, every
+
+    def merge(self, other: "Recorder") -> None:
+        """Add another recorder's rows, samples and gap counts (replicas simulated apart)."""
+        self._flush_gaps()
+        other._flush_gaps()
+        for key, column in self.columns.items():
+            column.extend(other.columns[key])
+        self.rejected.extend(other.rejected)
+        self.itl_counts += other.itl_counts
+        for key, values in self.timeseries.items():
+            values.extend(other.timeseries[key])
 
     def _done(self) -> None:
         callback = getattr(self, "_progress", None)
@@ -151,7 +162,9 @@ class Recorder:
         return df
 
     def timeseries_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.timeseries)
+        """Samples in time order (replicas sample as their steps end, not in one global order)."""
+        frame = pd.DataFrame(self.timeseries)
+        return frame.sort_values(["time_s", "replica"], kind="stable").reset_index(drop=True)
 
     def itl_percentile(self, q: float) -> float:
         self._flush_gaps()

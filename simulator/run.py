@@ -24,7 +24,7 @@ from simulator.sim_config import SimConfig
 from simulator.slo_watch import SloWatch
 from simulator.static_batching import StaticBatchScheduler
 from simulator.speculation import Speculation, acceptance_profile, request_rates
-from simulator.step_timer import StepTimer
+from simulator.step_timer import StepTimer, TimeSplit
 from simulator.workload import Workload
 
 # Time-series samples per replica over the workload's span, when no interval is set.
@@ -43,19 +43,92 @@ class SimResult:
 def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
              progress: Callable[[int, int], None] | None = None, timer: StepTimer | None = None,
              bulk_decodes: bool = True, draft_cost_model: CostModel | None = None,
-             stop_when_slo_missed: bool = False, exact_block_keys: bool = True) -> SimResult:
+             stop_when_slo_missed: bool = False, exact_block_keys: bool = True, workers: int = 1) -> SimResult:
     """Run the workload through config's fleet. progress(done, total) is called as requests finish.
     timer replaces the cost model's step times (tests use fixed or replayed step times);
     bulk_decodes=False takes every steady decode step through the scheduler one by one (same results);
     draft_cost_model: the speculative draft's (default: loaded from config.draft_profile, else cost_model).
     stop_when_slo_missed: end the run as soon as missing config.slo is certain (simulator/slo_watch.py);
     the summary then covers the requests finished so far and says why under "stopped_early".
-    exact_block_keys=False: the block pool hashes every block's tokens, as in the engine (same results)."""
+    exact_block_keys=False: the block pool hashes every block's tokens, as in the engine (same results).
+    workers: processes for a fleet whose replicas never interact (simulator/replica_groups.py says
+    when): every request's timings are the same as in one process."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
     if cost_model is None:
         cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    fleet = FleetSetup(config, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
+                       config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
+    from simulator import replica_groups
+
+    groups = replica_groups.count(config, workers) if timer is None and not stop_when_slo_missed else 1
+    stopped_early, watch = None, None
+    # The collector stays paused until the replicas have let go of their block pools: re-enabled
+    # while they are alive, its first collection would walk every block entry of the run.
+    with cyclic_gc_paused():
+        if groups > 1:
+            records = replica_groups.simulate_groups(fleet, workload, groups, progress)
+        else:
+            if stop_when_slo_missed:
+                watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload))
+            on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
+            record = simulate_replicas(fleet, workload.requests, list(range(config.replicas)), timer, on_done, watch)
+            stopped_early = watch.decided if watch is not None else None
+            records = [record]
+        if progress is not None:
+            progress(len(workload), len(workload))
+        record = FleetRecord.merged(records)
+        requests = record.recorder.requests_frame()
+        timeseries = record.recorder.timeseries_frame()
+        summary = summarize(config, accelerator, cost_model, plan, record, requests, timeseries)
+    if stopped_early:
+        summary["stopped_early"] = stopped_early
+        slo = summary["slo"]
+        for key, bound in watch.missed.items():
+            slo["measured"][key], slo["met"][key] = bound, False
+        slo["all_met"] = False
+    return SimResult(config, summary, requests, timeseries, plan)
+
+
+@dataclass
+class FleetSetup:
+    """What every replica of a run shares, whichever process simulates it."""
+
+    config: SimConfig
+    cost_model: CostModel
+    draft_cost_model: CostModel | None
+    bulk_decodes: bool
+    exact_block_keys: bool
+    sample_every_s: float  # time-series interval of each replica
+
+
+@dataclass
+class FleetRecord:
+    """What simulating some of a fleet's replicas leaves for its summary."""
+
+    recorder: Recorder
+    split: TimeSplit
+    busy_s: float  # summed over the replicas
+    speculation: list[dict]  # per replica with speculative decoding: its counts (Speculation.counts)
+
+    @classmethod
+    def merged(cls, records: list["FleetRecord"]) -> "FleetRecord":
+        if len(records) == 1:
+            return records[0]
+        recorder, split = Recorder(), TimeSplit()
+        for r in records:
+            recorder.merge(r.recorder)
+            split.merge(r.split)
+        return cls(recorder, split, sum(r.busy_s for r in records), [s for r in records for s in r.speculation])
+
+
+def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
+                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
+    """Simulate these replicas of the fleet (their global indices) behind the config's router, on
+    the requests routed among them, in arrival order. on_done(number done) as requests finish."""
+    config, cost_model = fleet.config, fleet.cost_model
+    model, _, plan = config.check()
     max_len = config.resolved_max_model_len(model, plan)
     pp = config.pp
     blocks_per_engine = plan.num_blocks // pp
@@ -67,7 +140,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
                                        num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
     # The engine's scheduler and pool; the pool takes exact block keys (simulator/block_keys.py)
     # instead of hashing each block's tokens: the same decisions, a fraction of the work.
-    exact_keys = exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
+    exact_keys = fleet.exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
     cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching, exact_keys)
     block_keys = BlockKeys(config.block_size) if exact_keys else None
 
@@ -82,22 +155,17 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
                           config.block_size, expert_parallel=config.expert_parallel,
                           routing_skew=config.routing_skew)
     env = simpy.Environment()
-    clock = ArrivalClock(workload.requests[0].arrival_s)
+    clock = ArrivalClock(requests[0].arrival_s)
     recorder = Recorder()
-    watch = recorder.watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload)) \
-        if stop_when_slo_missed else None
-    span = max(workload.duration_s, 1e-3)
-    interval = config.timeseries_interval_s or span / DEFAULT_SAMPLES
-    speculation = make_speculation(config, model, cost_model, weight_dtype, draft_cost_model)
-    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, interval, bulk_decodes,
-                        speculation(i) if speculation else None, block_keys) for i in range(config.replicas)]
+    recorder.watch = watch
+    speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
+                        speculation(i) if speculation else None, block_keys) for i in replica_indices]
     router = Router(config.router, replicas)
-    total = len(workload)
-    if progress is not None:
-        recorder.on_progress(lambda done: progress(done, total), every=max(1, total // 200))
+    if on_done is not None:
+        recorder.on_progress(on_done, every=max(1, len(requests) // 200))
 
     def arrivals():
-        requests = workload.requests
         for i, request in enumerate(requests):
             if request.arrival_s > env.now:
                 yield env.timeout(request.arrival_s - env.now)
@@ -105,38 +173,25 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
             router.route(request).submit(request)
 
     env.process(arrivals())
-    # The collector stays paused until the replicas have let go of their block pools: re-enabled
-    # while they are alive, its first collection would walk every block entry of the run.
-    with cyclic_gc_paused():
-        if watch is None:
-            env.run()
-        else:
-            while watch.decided is None and env.peek() != math.inf:
-                env.step()
-        stopped_early = watch.decided if watch is not None else None
-        recorder.watch = None
-        for replica in replicas:  # anything left could never be scheduled
-            if stopped_early:
-                break  # left unfinished by the stop, not unschedulable
+    if watch is None:
+        env.run()
+    else:
+        while watch.decided is None and env.peek() != math.inf:
+            env.step()
+    recorder.watch = None
+    recorder.on_progress(None)
+    if watch is None or watch.decided is None:
+        for replica in replicas:  # anything left could never be scheduled (not merely cut off by a stop)
             for engine in replica.engines:
                 for seq in engine.sequences.values():
                     recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
                                     seq.sampling.max_tokens,
                                     "never scheduled: the replica could not fit it alongside its other requests")
-        if progress is not None:
-            progress(total, total)
-        requests = recorder.requests_frame()
-        timeseries = recorder.timeseries_frame()
-        summary = summarize(config, accelerator, cost_model, plan, timer, recorder, requests, timeseries, replicas)
-        for replica in replicas:
-            replica.release()
-    if stopped_early:
-        summary["stopped_early"] = stopped_early
-        slo = summary["slo"]
-        for key, bound in watch.missed.items():
-            slo["measured"][key], slo["met"][key] = bound, False
-        slo["all_met"] = False
-    return SimResult(config, summary, requests, timeseries, plan)
+    record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
+                         [r.speculation.counts() for r in replicas if r.speculation is not None])
+    for replica in replicas:
+        replica.release()
+    return record
 
 
 @contextmanager
@@ -175,8 +230,8 @@ def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dty
                                        request_rates=rates)
 
 
-def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, timer: StepTimer,
-              recorder: Recorder, requests: pd.DataFrame, timeseries: pd.DataFrame, replicas: list[Replica]) -> dict:
+def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, record: FleetRecord,
+              requests: pd.DataFrame, timeseries: pd.DataFrame) -> dict:
     finished = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
     start = float(requests["arrival_s"].min())
@@ -184,12 +239,12 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     duration = max(end - start, 1e-12)
     output_tokens = int(finished["output_tokens"].sum())
     prompt_tokens = int(finished["prompt_tokens"].sum())
-    slo = slo_attainment(requests, config.slo, recorder)
+    slo = slo_attainment(requests, config.slo, record.recorder)
     within = slo.pop("within_slo_mask")
     gpus = config.num_gpus
-    split = timer.split
+    split = record.split
     # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
-    busy = sum(r.busy_s for r in replicas) / (config.replicas * config.pp)
+    busy = record.busy_s / (config.replicas * config.pp)
     peak = cost_model.peak_flops(config.compute_dtype)
     usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
     usd = usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None
@@ -212,7 +267,8 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
                     "output_tokens_per_s": float(finished.loc[within[within].index, "output_tokens"].sum()) / duration
                     if len(finished) else 0.0},
         "ttft_s": distribution(finished["ttft_s"]), "tpot_s": distribution(finished["tpot_s"]),
-        "itl_s": {"mean": recorder.itl_mean(), **{f"p{p}": recorder.itl_percentile(p) for p in (50, 90, 95, 99)}},
+        "itl_s": {"mean": record.recorder.itl_mean(),
+                  **{f"p{p}": record.recorder.itl_percentile(p) for p in (50, 90, 95, 99)}},
         "e2e_s": distribution(finished["e2e_s"]), "queue_s": distribution(finished["queue_s"]),
         "slo": slo,
         "kv_utilization": {"mean": float(kv.mean()) if len(kv) else 0.0, "max": float(kv.max()) if len(kv) else 0.0},
@@ -228,19 +284,18 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         "memory": plan.to_dict(),
         "cost_model": {"source": "profile" if cost_model.profile is not None else "roofline x fitted efficiency",
                        "profile": config.profile},
-        "speculation": _speculation_summary(config, replicas),
+        "speculation": _speculation_summary(config, record.speculation),
     }
 
 
-def _speculation_summary(config: SimConfig, replicas: list[Replica]) -> dict | None:
-    specs = [r.speculation for r in replicas if r.speculation is not None]
-    if not specs:
+def _speculation_summary(config: SimConfig, counts: list[dict]) -> dict | None:
+    if not counts:
         return None
-    verifications = sum(s.verifications for s in specs)
-    proposed = sum(s.proposed for s in specs)
-    accepted = sum(s.accepted_tokens for s in specs)
+    verifications = sum(c["verifications"] for c in counts)
+    proposed = sum(c["proposed"] for c in counts)
+    accepted = sum(c["accepted_tokens"] for c in counts)
     return {"method": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
-            "cumulative_acceptance": specs[0].cumulative, "verifications": verifications,
+            "cumulative_acceptance": counts[0]["cumulative"], "verifications": verifications,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "mean_accepted_per_verification": accepted / verifications if verifications else 0.0,
-            "draft_time_s": sum(s.draft_s for s in specs)}
+            "draft_time_s": sum(c["draft_s"] for c in counts)}

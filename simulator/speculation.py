@@ -103,6 +103,11 @@ class Speculation:
     _dealt: int = field(init=False, default=0)
     _rate_of: dict[str, float] = field(init=False, default_factory=dict)  # live requests' rates
 
+    def counts(self) -> dict:
+        """This replica's tallies, as plain data (the run's summary adds them up)."""
+        return {"cumulative": list(self.cumulative), "verifications": self.verifications, "proposed": self.proposed,
+                "accepted_tokens": self.accepted_tokens, "draft_s": self.draft_s}
+
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
         self._deck = [self.request_rates[i] for i in np.random.default_rng(self.seed).permutation(

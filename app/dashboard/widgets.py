@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 
 import streamlit as st
@@ -91,7 +92,7 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     def progress(done: int, total: int) -> None:
         bar.progress(done / total, text=f"simulating: {done:,} of {total:,} requests finished")
     try:
-        result = simulate(config, workload, progress=progress)
+        result = simulate(config, workload, progress=progress, workers=os.cpu_count() or 1)
     finally:
         bar.empty()
     store[key] = result
