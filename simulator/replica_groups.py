@@ -18,8 +18,10 @@ import multiprocessing
 import traceback
 from collections.abc import Callable
 
+from simulator.metrics import Recorder
 from simulator.run import FleetRecord, FleetSetup, simulate_replicas
 from simulator.sim_config import SimConfig
+from simulator.step_timer import TimeSplit
 from simulator.workload import Workload
 
 POLL_S = 0.05  # how often the parent reads the workers' progress
@@ -47,15 +49,19 @@ def simulate_groups(fleet: FleetSetup, workload: Workload, groups: int,
     done = context.Array("q", groups)  # requests finished per group, written by the workers
     total = len(workload)
     workers = []
+    records: list[FleetRecord | None] = [None] * groups
     for g in range(groups):
         members, requests = group_share(workload, fleet.config.replicas, groups, g)
+        if not requests:  # fewer requests than replicas: this group's replicas stay idle
+            records[g] = FleetRecord(Recorder(), TimeSplit(), 0.0, [])
+            workers.append((None, None))
+            continue
         receive, send = context.Pipe(duplex=False)
         process = context.Process(target=_simulate_group, args=(fleet, requests, members, done, g, send),
                                   name=f"servecast-replica-group-{g}", daemon=True)
         process.start()
         send.close()  # the worker holds the other end: EOF here once it has gone
         workers.append((process, receive))
-    records: list[FleetRecord | None] = [None] * groups
     try:
         while any(r is None for r in records):
             for g, (process, receive) in enumerate(workers):
@@ -65,6 +71,8 @@ def simulate_groups(fleet: FleetSetup, workload: Workload, groups: int,
                 progress(min(sum(done[:]), total), total)
     finally:
         for process, receive in workers:
+            if process is None:
+                continue
             receive.close()
             if process.is_alive():
                 process.kill()

@@ -86,3 +86,11 @@ def test_a_failing_group_raises_its_error_and_a_dead_one_is_named(monkeypatch) -
     monkeypatch.setattr(replica_groups, "simulate_replicas", dying)
     with pytest.raises(RuntimeError, match="replica group 1 died"):
         simulate(config, workload, workers=2)
+
+
+def test_fewer_requests_than_replicas_leaves_groups_idle() -> None:
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4)
+    workload = load_workload("synthetic:num=2,input=64,output=16,rate=10", seed=1)
+    one, four = simulate(config, workload), simulate(config, workload, workers=4)
+    pd.testing.assert_frame_equal(one.requests, four.requests, check_exact=True)
+    assert four.summary["num_finished"] == 2
