@@ -1,15 +1,16 @@
-"""Fleets whose replicas never interact, simulated in several processes.
+"""Fleets whose replicas never interact: each replica simulated alone, in one or several processes.
 
 Under round-robin routing (the default) replica k of R serves exactly the requests at positions
 k, k + R, k + 2R, ... of the trace, whatever the other replicas do: nothing one replica does
-changes another. So the replicas can be split into groups -- group g of G holds replicas g, g + G,
-g + 2G, ... -- each group simulated in its own process on its own share of the trace (round-robin
-within the group hands it to the same replicas), and the groups' records merged into one result.
-Every request's timings are those of the one-process run; sums over steps (the time split) may
-differ from it in the last bits, being added in another order.
+changes another. So each replica is simulated on its own share of the trace, one after another --
+a single replica's state stays in the CPU's caches, where R interleaved replicas would not -- and
+the replicas are split into groups (group g of G: replicas g, g + G, ...), each group in its own
+forked process. Their records merge into one result: every request's timings are those of the
+whole fleet simulated together; sums over steps (the time split) may differ from it in the last
+bits, being added in another order.
 
 Other routers read every replica's load at each arrival, and a run that may stop early needs all
-requests' progress in one place: those run in one process.
+requests' progress in one place: those simulate the fleet together (simulator/run.py).
 """
 
 from __future__ import annotations
@@ -18,69 +19,77 @@ import multiprocessing
 import traceback
 from collections.abc import Callable
 
-from simulator.metrics import Recorder
 from simulator.run import FleetRecord, FleetSetup, simulate_replicas
 from simulator.sim_config import SimConfig
-from simulator.step_timer import TimeSplit
 from simulator.workload import Workload
 
 POLL_S = 0.05  # how often the parent reads the workers' progress
 
 
-def count(config: SimConfig, workers: int) -> int:
-    """How many groups (processes) a run of this config can use, given `workers`."""
-    if config.router != "round_robin" or workers <= 1:
-        return 1
-    return min(workers, config.replicas)
+def applies(config: SimConfig) -> bool:
+    """Whether this fleet's replicas never interact (round-robin routing over several replicas)."""
+    return config.router == "round_robin" and config.replicas > 1
 
 
-def group_share(workload: Workload, replicas: int, groups: int, group: int) -> tuple[list[int], list]:
-    """Group `group`'s replicas (global indices) and the requests round-robin routing sends them, in order."""
-    members = list(range(group, replicas, groups))
-    mine = set(members)
-    return members, [r for i, r in enumerate(workload.requests) if i % replicas in mine]
+def share(workload: Workload, replicas: int, replica: int) -> list:
+    """The requests round-robin routing sends to `replica`, in arrival order."""
+    return workload.requests[replica::replicas]
 
 
-def simulate_groups(fleet: FleetSetup, workload: Workload, groups: int,
+def simulate_each(fleet: FleetSetup, workload: Workload, members: list[int],
+                  on_done: Callable[[int], None] | None = None) -> list[FleetRecord]:
+    """These replicas, each alone on its share, in this process; on_done(requests done so far)."""
+    records, finished = [], 0
+    for replica in members:
+        requests = share(workload, fleet.config.replicas, replica)
+        if not requests:  # fewer requests than replicas: it stays idle
+            continue
+        told = (lambda done, base=finished: on_done(base + done)) if on_done is not None else None
+        records.append(simulate_replicas(fleet, requests, [replica], on_done=told))
+        finished += len(requests)
+        if on_done is not None:
+            on_done(finished)
+    return records
+
+
+def simulate_groups(fleet: FleetSetup, workload: Workload, workers: int,
                     progress: Callable[[int, int], None] | None = None) -> list[FleetRecord]:
-    """Each group's record, simulated in forked processes (they inherit the fleet and the trace);
-    progress(done, total) as the groups' requests finish."""
+    """Every replica's record, its replicas spread over up to `workers` forked processes (they
+    inherit the fleet and the trace); progress(done, total) as requests finish."""
+    total, replicas = len(workload), fleet.config.replicas
+    groups = max(1, min(workers, replicas))
+    if groups == 1:
+        return simulate_each(fleet, workload, list(range(replicas)),
+                             (lambda done: progress(done, total)) if progress is not None else None)
     context = multiprocessing.get_context("fork")  # the planner's process pool forks as well
     done = context.Array("q", groups)  # requests finished per group, written by the workers
-    total = len(workload)
-    workers = []
-    records: list[FleetRecord | None] = [None] * groups
+    workers_of = []
     for g in range(groups):
-        members, requests = group_share(workload, fleet.config.replicas, groups, g)
-        if not requests:  # fewer requests than replicas: this group's replicas stay idle
-            records[g] = FleetRecord(Recorder(), TimeSplit(), 0.0, [])
-            workers.append((None, None))
-            continue
         receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_simulate_group, args=(fleet, requests, members, done, g, send),
+        process = context.Process(target=_simulate_group,
+                                  args=(fleet, workload, list(range(g, replicas, groups)), done, g, send),
                                   name=f"servecast-replica-group-{g}", daemon=True)
         process.start()
         send.close()  # the worker holds the other end: EOF here once it has gone
-        workers.append((process, receive))
+        workers_of.append((process, receive))
+    records: list[list[FleetRecord] | None] = [None] * groups
     try:
         while any(r is None for r in records):
-            for g, (process, receive) in enumerate(workers):
+            for g, (process, receive) in enumerate(workers_of):
                 if records[g] is None and receive.poll(POLL_S / groups):
                     records[g] = _received(receive, process, g)
             if progress is not None:
                 progress(min(sum(done[:]), total), total)
     finally:
-        for process, receive in workers:
-            if process is None:
-                continue
+        for process, receive in workers_of:
             receive.close()
             if process.is_alive():
                 process.kill()
             process.join()
-    return records
+    return [r for group in records for r in group]
 
 
-def _received(receive, process, group: int) -> FleetRecord:
+def _received(receive, process, group: int) -> list[FleetRecord]:
     try:
         outcome, payload = receive.recv()
     except EOFError:  # it died before sending anything
@@ -95,13 +104,12 @@ def _received(receive, process, group: int) -> FleetRecord:
     return payload
 
 
-def _simulate_group(fleet: FleetSetup, requests: list, members: list[int], done, group: int, send) -> None:
-    """A worker: simulate one group and send its record (or its error) back."""
+def _simulate_group(fleet: FleetSetup, workload: Workload, members: list[int], done, group: int, send) -> None:
+    """A worker: simulate one group's replicas and send their records (or the error) back."""
     try:
         def on_done(finished: int) -> None:
             done[group] = finished
-        record = simulate_replicas(fleet, requests, members, on_done=on_done)
-        send.send(("ok", record))
+        send.send(("ok", simulate_each(fleet, workload, members, on_done)))
     except BaseException as exc:  # reported to the parent, which raises it
         send.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
     finally:

@@ -51,8 +51,9 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     stop_when_slo_missed: end the run as soon as missing config.slo is certain (simulator/slo_watch.py);
     the summary then covers the requests finished so far and says why under "stopped_early".
     exact_block_keys=False: the block pool hashes every block's tokens, as in the engine (same results).
-    workers: processes for a fleet whose replicas never interact (simulator/replica_groups.py says
-    when): every request's timings are the same as in one process."""
+    workers: processes for a fleet whose replicas never interact (simulator/replica_groups.py: such
+    replicas are simulated one by one, over this many processes): every request's timings are the
+    same as when the whole fleet is simulated together."""
     if not len(workload):
         raise ValueError("the workload has no requests")
     model, accelerator, plan = config.check()
@@ -62,13 +63,12 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
                        config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
     from simulator import replica_groups
 
-    groups = replica_groups.count(config, workers) if timer is None and not stop_when_slo_missed else 1
     stopped_early, watch = None, None
     # The collector stays paused until the replicas have let go of their block pools: re-enabled
     # while they are alive, its first collection would walk every block entry of the run.
     with cyclic_gc_paused():
-        if groups > 1:
-            records = replica_groups.simulate_groups(fleet, workload, groups, progress)
+        if replica_groups.applies(config) and timer is None and not stop_when_slo_missed:
+            records = replica_groups.simulate_groups(fleet, workload, workers, progress)
         else:
             if stop_when_slo_missed:
                 watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload))
@@ -111,16 +111,20 @@ class FleetRecord:
     split: TimeSplit
     busy_s: float  # summed over the replicas
     speculation: list[dict]  # per replica with speculative decoding: its counts (Speculation.counts)
+    replicas: list[int]  # the replicas simulated (global indices)
 
     @classmethod
     def merged(cls, records: list["FleetRecord"]) -> "FleetRecord":
         if len(records) == 1:
             return records[0]
+        # In replica order: the merged rows and samples do not depend on which process ran what.
+        records = sorted(records, key=lambda r: r.replicas)
         recorder, split = Recorder(), TimeSplit()
         for r in records:
             recorder.merge(r.recorder)
             split.merge(r.split)
-        return cls(recorder, split, sum(r.busy_s for r in records), [s for r in records for s in r.speculation])
+        return cls(recorder, split, sum(r.busy_s for r in records), [s for r in records for s in r.speculation],
+                   [i for r in records for i in r.replicas])
 
 
 def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
@@ -188,7 +192,7 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                                     seq.sampling.max_tokens,
                                     "never scheduled: the replica could not fit it alongside its other requests")
     record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
-                         [r.speculation.counts() for r in replicas if r.speculation is not None])
+                         [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices)
     for replica in replicas:
         replica.release()
     return record

@@ -1,5 +1,6 @@
-"""Replicas that never interact, simulated in several processes: the same requests' timings as one
-process, the groups' counts added up, errors and dead workers reported."""
+"""Replicas that never interact, simulated one by one and in several processes: the same requests'
+timings as the whole fleet simulated together, the same summary whatever the number of processes,
+errors and dead workers reported."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pandas as pd
 import pytest
 
 from simulator import replica_groups
-from simulator.run import simulate
+from simulator.cost_model import CostModel
+from simulator.run import DEFAULT_SAMPLES, FleetRecord, FleetSetup, simulate, simulate_replicas
 from simulator.sim_config import SimConfig
 from simulator.synthetic import load_workload
 
@@ -23,23 +25,32 @@ CASES = [
 ]
 
 
+def together(config: SimConfig, workload) -> FleetRecord:
+    """The whole fleet in one SimPy environment, behind its router (how other routers run)."""
+    config.check()
+    fleet = FleetSetup(config, CostModel.load(config.hardware), None, True, True,
+                       max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
+    return simulate_replicas(fleet, workload.requests, list(range(config.replicas)))
+
+
 @pytest.mark.parametrize("spec, knobs", CASES)
-def test_groups_of_replicas_in_processes_give_one_process_results(spec, knobs) -> None:
+def test_replicas_one_by_one_and_in_processes_give_the_fleet_simulated_together(spec, knobs) -> None:
     config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", **knobs)
+    joint = together(config, load_workload(spec, seed=3))
     one = simulate(config, load_workload(spec, seed=3))
     two = simulate(config, load_workload(spec, seed=3), workers=2)
+    pd.testing.assert_frame_equal(one.requests, joint.recorder.requests_frame(), check_exact=True)
+    pd.testing.assert_frame_equal(one.timeseries, joint.recorder.timeseries_frame(), check_exact=True)
+    assert one.summary["time_split_s"] == pytest.approx(
+        {k: getattr(joint.split, k if k == "steps" else f"{k}_s") for k in ("prefill", "decode", "communication",
+                                                                          "overhead", "steps")}
+        | {"step_time_total": one.summary["time_split_s"]["step_time_total"]}, rel=1e-9)
+    # One process or two: the same records merged in the same order, the same summary to the bit.
     pd.testing.assert_frame_equal(one.requests, two.requests, check_exact=True)
     pd.testing.assert_frame_equal(one.timeseries, two.timeseries, check_exact=True)
-    for key in ("ttft_s", "tpot_s", "e2e_s", "throughput", "itl_s", "num_rejected", "preemptions",
-                "prefix_cache_hit_rate", "time_split_s", "utilization", "cost"):
-        assert two.summary[key] == pytest.approx(one.summary[key], rel=1e-9), key
-    assert (one.summary["speculation"] is None) == (two.summary["speculation"] is None)
-    if one.summary["speculation"]:
-        spec_one, spec_two = dict(one.summary["speculation"]), dict(two.summary["speculation"])
-        for key in ("cumulative_acceptance", "method"):
-            assert spec_two.pop(key) == spec_one.pop(key)
-        assert spec_two == pytest.approx(spec_one, rel=1e-9)
-        assert spec_one["verifications"] > 0
+    assert one.summary == two.summary
+    if "speculative" in knobs:
+        assert one.summary["speculation"]["verifications"] > 0
 
 
 def test_the_first_case_exercises_rejections_and_prefix_hits() -> None:
@@ -50,11 +61,11 @@ def test_the_first_case_exercises_rejections_and_prefix_hits() -> None:
     assert sorted(result.requests["replica"].unique()) == [-1, 0, 1, 2, 3, 4]
 
 
-def test_only_round_robin_fleets_split_and_never_into_more_groups_than_replicas() -> None:
-    assert replica_groups.count(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4), 8) == 4
-    assert replica_groups.count(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4), 2) == 2
-    assert replica_groups.count(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4,
-                                          router="least_outstanding_tokens"), 8) == 1
+def test_only_round_robin_fleets_of_several_replicas_are_simulated_apart() -> None:
+    assert replica_groups.applies(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4))
+    assert not replica_groups.applies(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=1))
+    assert not replica_groups.applies(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=4,
+                                                router="least_outstanding_tokens"))
 
 
 def test_progress_is_told_and_reaches_the_total() -> None:
@@ -72,7 +83,7 @@ def test_a_failing_group_raises_its_error_and_a_dead_one_is_named(monkeypatch) -
     real = replica_groups.simulate_replicas
 
     def failing(fleet, requests, members, **kwargs):
-        if members == [1]:
+        if members == [1]:  # replica 1, in the second process
             raise ValueError("group one cannot go on")
         return real(fleet, requests, members, **kwargs)
     monkeypatch.setattr(replica_groups, "simulate_replicas", failing)  # the forked workers inherit it
