@@ -9,8 +9,9 @@ forked process. Their records merge into one result: every request's timings are
 whole fleet simulated together; sums over steps (the time split) may differ from it in the last
 bits, being added in another order.
 
-Other routers read every replica's load at each arrival, and a run that may stop early needs all
-requests' progress in one place: those simulate the fleet together (simulator/run.py).
+A run that may stop early once its SLOs are certainly missed (the planner's) simulates its
+replicas one by one in one process, where one SloWatch hears of every request. Other routers read
+every replica's load at each arrival: those simulate the fleet together (simulator/run.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 from simulator.run import FleetRecord, FleetSetup, simulate_replicas
 from simulator.sim_config import SimConfig
+from simulator.slo_watch import SloWatch
 from simulator.workload import Workload
 
 POLL_S = 0.05  # how often the parent reads the workers' progress
@@ -37,15 +39,19 @@ def share(workload: Workload, replicas: int, replica: int) -> list:
 
 
 def simulate_each(fleet: FleetSetup, workload: Workload, members: list[int],
-                  on_done: Callable[[int], None] | None = None) -> list[FleetRecord]:
-    """These replicas, each alone on its share, in this process; on_done(requests done so far)."""
+                  on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> list[FleetRecord]:
+    """These replicas, each alone on its share, in this process; on_done(requests done so far).
+    watch: told of every request, it may stop the run once missing the SLOs is certain (its
+    verdicts count requests over a limit out of all of them, in whatever order they come)."""
     records, finished = [], 0
     for replica in members:
+        if watch is not None and watch.decided is not None:
+            break
         requests = share(workload, fleet.config.replicas, replica)
         if not requests:  # fewer requests than replicas: it stays idle
             continue
         told = (lambda done, base=finished: on_done(base + done)) if on_done is not None else None
-        records.append(simulate_replicas(fleet, requests, [replica], on_done=told))
+        records.append(simulate_replicas(fleet, requests, [replica], on_done=told, watch=watch))
         finished += len(requests)
         if on_done is not None:
             on_done(finished)

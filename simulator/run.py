@@ -67,15 +67,18 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     # The collector stays paused until the replicas have let go of their block pools: re-enabled
     # while they are alive, its first collection would walk every block entry of the run.
     with cyclic_gc_paused():
-        if replica_groups.applies(config) and timer is None and not stop_when_slo_missed:
-            records = replica_groups.simulate_groups(fleet, workload, workers, progress)
+        on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
+        if stop_when_slo_missed:
+            watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload))
+        if replica_groups.applies(config) and timer is None:
+            if watch is not None:  # one watch hears of every request: one process
+                records = replica_groups.simulate_each(fleet, workload, list(range(config.replicas)), on_done, watch)
+            else:
+                records = replica_groups.simulate_groups(fleet, workload, workers, progress)
         else:
-            if stop_when_slo_missed:
-                watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload))
-            on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
-            record = simulate_replicas(fleet, workload.requests, list(range(config.replicas)), timer, on_done, watch)
-            stopped_early = watch.decided if watch is not None else None
-            records = [record]
+            records = [simulate_replicas(fleet, workload.requests, list(range(config.replicas)), timer, on_done,
+                                         watch)]
+        stopped_early = watch.decided if watch is not None else None
         if progress is not None:
             progress(len(workload), len(workload))
         record = FleetRecord.merged(records)
