@@ -727,6 +727,74 @@ class CostModel:
         if moe_layers:
             self.add_moe(cost, tokens, model, tp, dtype, moe_layers, weight_dtype, expert_parallel, routing_skew)
 
+    def token_ops_timer(self, model: ModelSpec, tp: int, dtype: str,
+                        weight_dtype: str | None = None) -> Callable[[int], tuple[float, float]] | None:
+        """tokens -> (total seconds, all-reduce seconds) of add_token_ops over all layers, the same
+        sums term for term, with everything that does not depend on the token count looked up
+        once (the simulator asks at every step with a new token count). None for mixture-of-experts
+        models: add_token_ops serves them."""
+        if model.num_moe_layers:
+            return None
+        dtype = canonical_dtype(dtype)
+        layers = model.num_layers
+        heads, kv_heads = model.num_heads // tp, max(model.num_kv_heads // tp, 1)
+        shapes = model.linear_shapes(tp)
+        ops: list[tuple[Callable[[int], float], int]] = []  # in add_token_ops' order
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            n, k = shapes[name]
+            ops.append((self._gemm_timer(n, k, dtype, name, weight_dtype), layers))
+        ops.append((self._op_timer(("kv_write", kv_heads, model.head_dim, dtype), "kv_write", dtype,
+                                   lambda t: kv_write_work(t, kv_heads, model.head_dim, dtype)), layers))
+        widths = {"rms_norm": model.hidden_size, "rope": (heads + kv_heads) * model.head_dim,
+                  "swiglu": model.intermediate_size // tp, "add": model.hidden_size}
+        for name, width in widths.items():
+            ops.append((self._op_timer(("elementwise", name, width, dtype), curve_key("elementwise", name), dtype,
+                                       lambda t, w=width: elementwise_work(t, w, dtype)),
+                        (2 if name in ("rms_norm", "add") else 1) * layers))
+        element = DTYPE_BYTES[dtype]
+
+        def time_of(tokens: int) -> tuple[float, float]:
+            total = 0.0
+            for op_time, count in ops:
+                total += op_time(tokens) * count
+            if tp == 1:
+                return total, 0.0
+            all_reduce = self.predict_all_reduce(tokens * model.hidden_size * element, tp).time_s * (2 * layers + 1)
+            return total + all_reduce, 0.0 + all_reduce
+        return time_of
+
+    def _op_timer(self, series_key: tuple | None, curve: str, dtype: str,
+                  work: Callable[[int], tuple[float, float]]) -> Callable[[int], float]:
+        """size -> the time of _lookup(series_key, size, _model(curve, *work(size), dtype)) (no
+        series_key: _model's alone)."""
+        series = self._series.get(series_key) if series_key is not None else None
+        if series is not None:
+            return lambda size: series.at(size)[0]
+        peak, bandwidth_of = self.peak_flops(dtype), self._bandwidth_for(curve)
+        used = self.curve_used(curve)
+        fitted, additive = self.curves[used], _additive(used)
+
+        def time_of(size: int) -> float:  # _model's arithmetic, term for term
+            flops, nbytes = work(size)
+            bandwidth = bandwidth_of(nbytes)
+            t = fitted.time(flops, nbytes, peak, bandwidth, additive)
+            return max(t, max(flops / peak, nbytes / bandwidth))
+        return time_of
+
+    def _gemm_timer(self, n: int, k: int, dtype: str, name: str, weight_dtype: str | None) -> Callable[[int], float]:
+        """m -> predict_gemm(m, n, k, dtype, name, weight_dtype).time_s."""
+        if weight_dtype is None or weight_dtype == dtype:
+            return self._op_timer(("gemm", n, k, dtype), curve_key("gemm", name), dtype, lambda m: gemm_work(m, n, k, dtype))
+        series = self._series.get(("gemm_quant", n, k, dtype, weight_dtype))
+        if series is not None:
+            return lambda m: series.at(m)[0]
+        saved = k * n * (DTYPE_BYTES[dtype] - WEIGHT_BYTES[weight_dtype])
+
+        def narrower(m: int) -> tuple[float, float]:
+            flops, nbytes = gemm_work(m, n, k, dtype)
+            return flops, nbytes - saved
+        return self._op_timer(None, curve_key("gemm", name), dtype, narrower)
+
     def add_moe(self, cost: StepCost, tokens: int, model: ModelSpec, tp: int, dtype: str, layers: int,
                 weight_dtype: str | None = None, expert_parallel: bool = False, routing_skew: float = 0.0) -> None:
         """The feed-forward of `layers` MoE layers for a step of `tokens` tokens (engine/moe.py):

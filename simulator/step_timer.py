@@ -66,6 +66,8 @@ class StepTimer:
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
         self._tokens: dict[int, tuple[float, float]] = {}
+        # The token-proportional operators' sums with their lookups hoisted (None: MoE models).
+        self._token_ops_timer = self.cost_model.token_ops_timer(self.model, self.tp, self.dtype, self.weight_dtype)
         self._prefill: dict[tuple[int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
         self._decode_timers: dict = {}  # decodes -> CostModel.attention_decode_timer
@@ -134,15 +136,20 @@ class StepTimer:
     def token_ops(self, tokens: int) -> tuple[float, float]:
         """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
         def compute() -> tuple[float, float]:
-            cost = StepCost(0.0)
-            self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype, weight_dtype=self.weight_dtype,
-                                          expert_parallel=self.expert_parallel, routing_skew=self.routing_skew)
-            comm = cost.by_operator.get("all_reduce", 0.0)
+            if self._token_ops_timer is not None:
+                total_s, comm = self._token_ops_timer(tokens)
+            else:
+                cost = StepCost(0.0)
+                self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype,
+                                              weight_dtype=self.weight_dtype, expert_parallel=self.expert_parallel,
+                                              routing_skew=self.routing_skew)
+                total_s, comm = cost.total_s, cost.by_operator.get("all_reduce", 0.0)
+            all_reduce_s = comm
             if self.pp > 1:
                 nbytes = tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
                 # A point-to-point send costs about a two-rank all-reduce of the same bytes.
                 comm += (self.pp - 1) * self.cost_model.predict_all_reduce(nbytes, 2).time_s
-            return cost.total_s - cost.by_operator.get("all_reduce", 0.0), comm
+            return total_s - all_reduce_s, comm
         return self._memo(self._tokens, tokens, compute)
 
     def prefill_attention(self, num_tokens: int, context_len: int) -> float:

@@ -166,3 +166,31 @@ def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> Non
         chunks = [Chunk(1, 512)] * batch
         predicted = fitted.step_time(chunks, model, 1, "bf16").total_s - fitted.predict_step_overhead(batch).time_s
         assert predicted == pytest.approx(true_s, rel=0.04), batch
+
+
+@pytest.mark.parametrize("hardware, model, tp, weight_dtype, profile", [
+    ("h100-sxm", "llama-3.1-8b", 1, None, None),
+    ("a100-80gb", "llama-3.1-70b", 4, None, None),
+    ("h100-sxm", "llama-3.1-8b", 2, "int4", None),
+    ("l40s", "qwen2.5-7b", 1, "fp8", None),
+    ("h200", "llama-3.1-8b", 1, None, "profiles/h200-llama-3.1-8b-bf16-gemm.jsonl"),
+])
+def test_the_token_ops_timer_is_add_token_ops_to_the_bit(hardware, model, tp, weight_dtype, profile) -> None:
+    """The simulator's hoisted per-step sum equals the cost model's operator by operator sum exactly,
+    measured (profiled GEMMs) and extrapolated alike."""
+    from pathlib import Path
+
+    from simulator.cost_model import StepCost
+
+    root = Path(__file__).resolve().parents[2]
+    costs = CostModel.load(hardware, profile=str(root / profile) if profile else None)
+    spec = load_model(model)
+    timer = costs.token_ops_timer(spec, tp, "bf16", weight_dtype)
+    for tokens in (1, 2, 3, 7, 16, 100, 257, 1000, 2048, 4097, 8192, 12345):
+        cost = StepCost(0.0)
+        costs.add_token_ops(cost, tokens, spec, tp, "bf16", weight_dtype=weight_dtype)
+        assert timer(tokens) == (cost.total_s, cost.by_operator.get("all_reduce", 0.0)), tokens
+
+
+def test_mixture_of_experts_models_keep_the_full_token_ops_path() -> None:
+    assert CostModel.load("h100-sxm").token_ops_timer(load_model("mixtral-8x7b"), 2, "bf16") is None
