@@ -34,6 +34,14 @@ def test_simulate_is_deterministic_for_a_seed() -> None:
     assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout
 
 
+def test_simulate_gives_the_same_answer_on_one_process_or_several_and_refuses_zero() -> None:
+    one = runner.invoke(app, [*SIM, "--replicas", "3", "--json", "--workers", "1"])
+    two = runner.invoke(app, [*SIM, "--replicas", "3", "--json", "--workers", "2"])
+    assert one.exit_code == two.exit_code == 0 and one.stdout == two.stdout
+    bad = runner.invoke(app, [*SIM, "--workers", "0"])
+    assert bad.exit_code == 2 and "--workers must be at least 1" in bad.output
+
+
 def test_simulate_prints_a_summary() -> None:
     result = runner.invoke(app, [*SIM, "--replicas", "2", "--router", "least_outstanding_tokens"])
     assert result.exit_code == 0, result.output
