@@ -153,6 +153,15 @@ class BlockManager:
         if num_full <= first:
             return
         if self.exact_keys:
+            if num_full - first == 1 and first and len(seq.block_hashes) > first:
+                # A decode filled one block: the common case, in straight-line code.
+                key, block_id = seq.block_hashes[first], seq.block_table[first]
+                if block_id not in self._cached and key not in self._by_hash:
+                    parent_id = seq.block_table[first - 1]
+                    self._cached[block_id] = (key, parent_id, self.generations[parent_id])
+                    self._by_hash[key] = block_id
+                seq.num_registered_blocks = num_full
+                return
             self._register_exact(seq, first, num_full)
             return
         hashes = seq.block_hashes
@@ -223,14 +232,6 @@ class BlockManager:
         keys = self._exact_keys(seq, first, num_full)
         table = seq.block_table
         cached, by_hash = self._cached, self._by_hash
-        if num_full - first == 1 and first:
-            # A decode filled one block: the common case, in straight-line code.
-            key, block_id, parent_id = keys[0], table[first], table[first - 1]
-            if block_id not in cached and key not in by_hash:
-                cached[block_id] = (key, parent_id, self.generations[parent_id])
-                by_hash[key] = block_id
-            seq.num_registered_blocks = num_full
-            return
         block_ids = table[first:num_full]
         parent_ids = table[first - 1:num_full - 1] if first else [NO_PARENT, *table[:num_full - 1]]
         parent_gens = list(map(self.generations.__getitem__, parent_ids))
@@ -284,8 +285,21 @@ class BlockManager:
         return True
 
     def allocate_block(self, seq: Sequence) -> None:
-        """Give the sequence one new block; the caller knows the pool has one free."""
-        seq.block_table.append(self._take_free_block())
+        """Give the sequence one new block; the caller knows the pool has one free. (_pop_free(1)
+        and _take_free_block in straight-line code: a decode run calls this per block it fills.)"""
+        if self._front:
+            block_id = self._front.popitem(last=False)[0]
+        elif self._next_unused < self.num_blocks:
+            block_id = self._next_unused
+            self._next_unused += 1
+        else:
+            block_id = self._back.popitem(last=False)[0]
+            entry = self._cached.pop(block_id, None)
+            if entry is not None and self._by_hash.get(entry[0]) == block_id:  # entry[0]: its key
+                del self._by_hash[entry[0]]
+        self.generations[block_id] += 1
+        self.ref_counts[block_id] = 1
+        seq.block_table.append(block_id)
 
     def _pop_free(self, count: int) -> list[int]:
         """The first `count` free blocks in eviction order, taken out of the free pool."""
