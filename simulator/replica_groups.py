@@ -7,7 +7,8 @@ a single replica's state stays in the CPU's caches, where R interleaved replicas
 the replicas are split into groups (group g of G: replicas g, g + G, ...), each group in its own
 forked process. Their records merge into one result: every request's timings are those of the
 whole fleet simulated together; sums over steps (the time split) may differ from it in the last
-bits, being added in another order.
+bits, being added in another order. Records merge in replica order, so one process or several give
+the same summary to the bit.
 
 A run that may stop early once its SLOs are certainly missed (the planner's) simulates its
 replicas one by one in one process, where one SloWatch hears of every request. Other routers read
