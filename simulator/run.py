@@ -61,7 +61,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
         cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
     fleet = FleetSetup(config, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
                        config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
-    from simulator import replica_groups
+    from simulator import replica_groups  # here: it imports this module
 
     stopped_early, watch = None, None
     # The collector stays paused until the replicas have let go of their block pools: re-enabled
