@@ -275,7 +275,7 @@ class BlockManager:
         cached, by_hash = self._cached, self._by_hash
         generations, ref_counts = self.generations, self.ref_counts
         new_blocks = self._pop_free(num_new_blocks)
-        for block_id in new_blocks:  # _take_free_block, inlined: this runs per block of every prompt
+        for block_id in new_blocks:  # _evict and allocate_block's hand-out, inlined: this runs per block of every prompt
             entry = cached.pop(block_id, None)
             if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its key
                 del by_hash[entry[0]]
@@ -285,8 +285,9 @@ class BlockManager:
         return True
 
     def allocate_block(self, seq: Sequence) -> None:
-        """Give the sequence one new block; the caller knows the pool has one free. (_pop_free(1)
-        and _take_free_block in straight-line code: a decode run calls this per block it fills.)"""
+        """Give the sequence one new block, the next free one in eviction order; the caller knows the
+        pool has one free. (_pop_free(1) in straight-line code: a decode run calls this per block it
+        fills. Only blocks from the back of the pool can hold a registration to evict.)"""
         if self._front:
             block_id = self._front.popitem(last=False)[0]
         elif self._next_unused < self.num_blocks:
@@ -294,9 +295,7 @@ class BlockManager:
             self._next_unused += 1
         else:
             block_id = self._back.popitem(last=False)[0]
-            entry = self._cached.pop(block_id, None)
-            if entry is not None and self._by_hash.get(entry[0]) == block_id:  # entry[0]: its key
-                del self._by_hash[entry[0]]
+            self._evict(block_id)
         self.generations[block_id] += 1
         self.ref_counts[block_id] = 1
         seq.block_table.append(block_id)
@@ -323,14 +322,6 @@ class BlockManager:
             del self._back[block_id]
         else:
             del self._front[block_id]
-
-    def _take_free_block(self) -> int:
-        """The next free block in eviction order, evicted from the prefix cache and handed out anew."""
-        block_id = self._pop_free(1)[0]
-        self._evict(block_id)
-        self.generations[block_id] += 1
-        self.ref_counts[block_id] = 1
-        return block_id
 
     def _evict(self, block_id: int) -> None:
         entry = self._cached.pop(block_id, None)
