@@ -15,6 +15,7 @@ import simpy
 from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
 from simulator.block_keys import BlockKeys
+from simulator.catalog.models import ModelSpec
 from simulator.cost_model import CostModel
 from simulator.memory import MemoryPlan
 from simulator.metrics import Recorder, distribution, slo_attainment
@@ -59,7 +60,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     model, accelerator, plan = config.check()
     if cost_model is None:
         cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
-    fleet = FleetSetup(config, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
+    fleet = FleetSetup(config, model, plan, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
                        config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
     from simulator import replica_groups  # here: it imports this module
 
@@ -99,6 +100,8 @@ class FleetSetup:
     """What every replica of a run shares, whichever process simulates it."""
 
     config: SimConfig
+    model: ModelSpec  # config.check()'s, as the replicas need them
+    plan: MemoryPlan
     cost_model: CostModel
     draft_cost_model: CostModel | None
     bulk_decodes: bool
@@ -134,8 +137,7 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                       on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
     """Simulate these replicas of the fleet (their global indices) behind the config's router, on
     the requests routed among them, in arrival order. on_done(number done) as requests finish."""
-    config, cost_model = fleet.config, fleet.cost_model
-    model, _, plan = config.check()
+    config, cost_model, model, plan = fleet.config, fleet.cost_model, fleet.model, fleet.plan
     max_len = config.resolved_max_model_len(model, plan)
     pp = config.pp
     blocks_per_engine = plan.num_blocks // pp

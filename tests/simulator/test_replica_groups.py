@@ -27,8 +27,8 @@ CASES = [
 
 def together(config: SimConfig, workload) -> FleetRecord:
     """The whole fleet in one SimPy environment, behind its router (how other routers run)."""
-    config.check()
-    fleet = FleetSetup(config, CostModel.load(config.hardware), None, True, True,
+    model, _, plan = config.check()
+    fleet = FleetSetup(config, model, plan, CostModel.load(config.hardware), None, True, True,
                        max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
     return simulate_replicas(fleet, workload.requests, list(range(config.replicas)))
 
