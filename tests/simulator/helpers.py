@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pandas as pd
+import pytest
+
 from simulator.cost_model import CostModel
 from simulator.sim_config import SimConfig
 from simulator.step_timer import StepTimer
@@ -26,3 +29,10 @@ class FixedStepTimer(StepTimer):
 
 def workload(rows: list[tuple[float, int, int]], name: str = "test") -> Workload:
     return make_workload(name, [(a, p, o, ()) for a, p, o in rows])
+
+
+def assert_same_simulation(a, b, summary_keys: Sequence[str]) -> None:
+    """Two SimResults of one workload agree: every request's row, and these summary entries."""
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=False, rtol=1e-12)
+    for key in summary_keys:
+        assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9), key
