@@ -16,6 +16,15 @@ not a hash: equal keys hold exactly when the tokens from the sequence's start th
 end are equal (and keys of different block positions differ). The pool then hashes no tokens and
 checks no contents; it makes the same decisions it would make hashing the same tokens (a block
 is reused only after the very block it was filled after, as there).
+
+Private blocks (exact keys only): a sequence may say that its keys from Sequence.first_private_block
+on are its own -- no other sequence ever brings them (the simulator's request-unique prompt tails).
+Only that sequence can then hit those blocks, and only after a preemption. So their registration is
+deferred: they count as registered (a finished sequence's private blocks queue for eviction as
+registered blocks do, in the same order) but get no entries, unless the sequence is freed without
+finishing, when the entries are made (with the same parents and generations: the sequence held
+every parent meanwhile) and it registers everything at once from then on. The pool's decisions are
+unchanged; the simulator skips an entry made and evicted per block of every prompt.
 """
 
 from __future__ import annotations
@@ -153,6 +162,14 @@ class BlockManager:
         if num_full <= first:
             return
         if self.exact_keys:
+            private = seq.first_private_block
+            if private is not None and num_full > private:
+                if len(seq.block_hashes) < num_full:
+                    self._exact_keys(seq, first, num_full)  # raises: keys missing
+                if first < private:  # the shared blocks before the private ones: registered now
+                    self._register_exact(seq, first, private)
+                seq.num_registered_blocks = num_full  # the private ones: deferred (see the module's docstring)
+                return
             if num_full - first == 1 and first and len(seq.block_hashes) > first:
                 # A decode filled one block: the common case, in straight-line code.
                 key, block_id = seq.block_hashes[first], seq.block_table[first]
@@ -328,11 +345,34 @@ class BlockManager:
         if entry is not None and self._by_hash.get(entry[0]) == block_id:  # entry[0]: its key
             del self._by_hash[entry[0]]
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, finished: bool = False) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
-        since a shared prefix is more likely to be reused than a request's own tail."""
+        since a shared prefix is more likely to be reused than a request's own tail.
+        finished: the sequence never comes back (it finished or was aborted), so its deferred
+        private blocks need no entries; a preempted one may find them again, so they get them."""
+        table, num_registered = seq.block_table, seq.num_registered_blocks
+        private = seq.first_private_block
+        deferred = 0  # the table's blocks from `private` up to num_registered: registered, without entries
+        if private is not None:
+            if not finished:
+                if num_registered > private:
+                    self._register_exact(seq, private, num_registered)
+                seq.first_private_block = None  # it may come back: it registers at once from now on
+            elif num_registered > private:
+                deferred = num_registered - private
+        if deferred:
+            self._release(table[num_registered:])
+            self._release_deferred(table[private:num_registered])
+            self._release(table[:private])
+        else:
+            self._release(table)
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+
+    def _release(self, block_ids: list[int]) -> None:
+        """Drop a reference to each block, last first; blocks nobody holds become free."""
         ref_counts, front, back, cached = self.ref_counts, self._front, self._back, self._cached
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(block_ids):
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count == 0:
@@ -344,8 +384,16 @@ class BlockManager:
                     front.move_to_end(block_id, last=False)
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than allocated")
-        seq.block_table = []
-        seq.num_registered_blocks = 0
+
+    def _release_deferred(self, block_ids: list[int]) -> None:
+        """Free a finished sequence's deferred private blocks, last first, queued for eviction as
+        registered blocks (only it ever held them)."""
+        ref_counts = self.ref_counts
+        for block_id in block_ids:
+            if ref_counts[block_id] != 1:
+                raise AssertionError(f"private block {block_id} is held {ref_counts[block_id]} times")
+            ref_counts[block_id] = 0
+        self._back.update(zip(reversed(block_ids), repeat(None)))
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Release the sequence's tail blocks beyond those num_tokens tokens need (blocks that
@@ -360,10 +408,6 @@ class BlockManager:
                 raise AssertionError(f"trimmed block {block_id} was shared or registered")
             self._front[block_id] = None
             self._front.move_to_end(block_id, last=False)
-
-    def reset_prefix_cache(self) -> None:
-        for block_id in list(self._cached):
-            self._evict(block_id)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the pool's accounting is inconsistent (for tests)."""

@@ -316,7 +316,7 @@ class Scheduler:
         return None
 
     def _finish(self, seq: Sequence, status: RequestStatus, now: float) -> None:
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, finished=True)
         seq.status = status
         seq.finish_time = now
         del self.requests[seq.request_id]

@@ -24,6 +24,21 @@ class BlockKeys:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._chains: dict[tuple[int, int], int] = {}  # (parent chain, segment id) -> chain number
+        self._request_ids: set[int] = set()  # of the requests whose keys were given out
+
+    def first_private(self, request: Request) -> int | None:
+        """The first block of the request's unique tail (Sequence.first_private_block): no other
+        request brings its keys or those after it. None when it has no unique tail, or when a
+        request with its id came before (the same id opens the same tail, which it may hit)."""
+        if request.request_id in self._request_ids:
+            return None
+        self._request_ids.add(request.request_id)
+        if not request.segments or request.segment_tokens <= 0:
+            return 0
+        shared_tokens = len(request.segments) * request.segment_tokens
+        if request.prompt_tokens <= shared_tokens:
+            return None  # all segments: its later blocks (decoded zeros) match any such request's
+        return shared_tokens // self.block_size  # the block the tail opens in
 
     def of(self, request: Request) -> list[int]:
         """Keys of every full block the request can fill (its prompt and all its output)."""

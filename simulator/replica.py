@@ -112,6 +112,7 @@ class Replica:
                        request.arrival_s)
         if self.block_keys is not None:
             seq.block_hashes = self.block_keys.of(request)
+            seq.first_private_block = self.block_keys.first_private(request)
         try:
             engine.scheduler.add(seq)
         except ValueError as exc:  # can never be served here: rejected with the scheduler's reason

@@ -173,6 +173,91 @@ def test_exact_keys_make_the_decisions_token_hashing_makes() -> None:
     assert hashed._next_unused == hashed.num_blocks
 
 
+def _free_order(bm: BlockManager) -> list[int]:
+    """The free blocks in the order the pool hands them out."""
+    return [*bm._front, *range(bm._next_unused, bm.num_blocks), *bm._back]
+
+
+def test_private_blocks_make_the_decisions_registered_blocks_make() -> None:
+    """Requests with a unique tail (a token only they have), finishing or preempted and readmitted,
+    against a pool that hashes tokens, one with exact keys, and one that is also told where each
+    request's private blocks start (their registration deferred): the same blocks handed out, the
+    same hits -- a readmitted request's on its own blocks too -- and the same free pool, in order."""
+    import random
+
+    rng = random.Random(5)
+    block_size, interned = 4, {}
+    pools = [BlockManager(num_blocks=48, block_size=block_size),
+             BlockManager(num_blocks=48, block_size=block_size, exact_keys=True),
+             BlockManager(num_blocks=48, block_size=block_size, exact_keys=True)]
+    prefixes = [[rng.randrange(1, 5) for _ in range(rng.randrange(3, 14))] for _ in range(3)]
+    live: list[tuple[list[Sequence], list[int]]] = []  # running: its copies (one per pool), all its tokens
+    preempted: list[tuple[list[Sequence], list[int]]] = []
+    own_hits = deferred_freed = 0
+
+    def admit_copies(copies: list[Sequence]) -> bool:
+        nonlocal own_hits
+        computed = [bm.get_computed_blocks(s) for bm, s in zip(pools, copies)]
+        assert computed[0] == computed[1] == computed[2]
+        if copies[0].num_preemptions:
+            own_hits += len(computed[0])
+        new = copies[0].num_tokens - len(computed[0]) * block_size
+        admitted = [bm.allocate_slots(s, new, c) for bm, s, c in zip(pools, copies, computed)]
+        assert admitted[0] == admitted[1] == admitted[2]
+        if admitted[0]:
+            for bm, s in zip(pools, copies):
+                s.num_computed_tokens = s.num_tokens
+                bm.cache_full_blocks(s)
+        return admitted[0]
+
+    for step in range(800):
+        roll = rng.random()
+        if live and (roll < 0.2 or pools[0].num_free_blocks < 8):  # a request finishes or is preempted
+            copies, full = live.pop(rng.randrange(len(live)))
+            finished = rng.random() < 0.6
+            deferred_freed += finished and copies[2].num_registered_blocks > (copies[2].first_private_block or 0)
+            for bm, s in zip(pools, copies):
+                bm.free(s, finished=finished)
+                if not finished:
+                    s.num_computed_tokens = 0
+                    s.num_preemptions += 1
+            if not finished:
+                preempted.append((copies, full))
+        elif preempted and roll < 0.35:  # a preempted request comes back: it may find its own blocks
+            copies, full = preempted.pop(0)
+            if admit_copies(copies):
+                live.append((copies, full))
+            else:
+                preempted.insert(0, (copies, full))
+        elif live and roll < 0.7:  # one request decodes a few tokens
+            copies, full = live[rng.randrange(len(live))]
+            for _ in range(rng.randrange(1, 6)):
+                if len(full) <= copies[0].num_tokens or not pools[0].allocate_slots(copies[0], 1):
+                    break
+                assert pools[1].allocate_slots(copies[1], 1) and pools[2].allocate_slots(copies[2], 1)
+                for bm, s in zip(pools, copies):
+                    s.token_ids.append(full[s.num_tokens])
+                    s.num_computed_tokens += 1
+                    bm.cache_full_blocks(s)
+        else:  # a request arrives: a shared prefix (or none), a token only it has, its own tokens
+            prefix = rng.choice(prefixes + [[]])
+            prompt = prefix + [100 + step] + [rng.randrange(1, 3) for _ in range(rng.randrange(0, 9))]
+            full = prompt + [1] * 12
+            copies = [seq(prompt, f"r{step}") for _ in pools]
+            keys = _exact_keys(full, block_size, interned)
+            copies[1].block_hashes, copies[2].block_hashes = keys, list(keys)
+            copies[2].first_private_block = len(prefix) // block_size
+            if admit_copies(copies):
+                live.append((copies, full))
+        for i in (1, 2):
+            assert [c[i].block_table for c, _ in live] == [c[0].block_table for c, _ in live]
+        assert _free_order(pools[0]) == _free_order(pools[1]) == _free_order(pools[2])
+    for bm in pools:
+        bm.check_invariants()
+    assert own_hits > 10 and deferred_freed > 20  # both paths taken, many times
+    assert pools[0]._next_unused == pools[0].num_blocks  # the pool went round: evictions happened
+
+
 def test_exact_keys_missing_for_a_block_is_a_clear_error() -> None:
     bm = BlockManager(num_blocks=8, block_size=4, exact_keys=True)
     s = seq(range(9))

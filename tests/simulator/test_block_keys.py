@@ -47,6 +47,29 @@ def test_keys_are_equal_exactly_where_tokens_are(rows, block_size, segment_token
                 assert (block_keys[a][i] == block_keys[b][i]) == same_tokens, (made[a], made[b], i)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(requests, min_size=2, max_size=6), st.sampled_from([4, 16]), st.sampled_from([5, 8, 16, 24]))
+def test_private_blocks_are_no_other_requests(rows, block_size, segment_tokens) -> None:
+    """From first_private on, no other request's tokens through a block equal this one's: the
+    promise the block pool's deferred registration relies on."""
+    keys = BlockKeys(block_size)
+    made = [Request(i, 0.0, prompt, output, segments, segment_tokens if segments else 0)
+            for i, (_, prompt, output, segments) in enumerate(rows)]  # a workload: ids unique
+    tokens = [tokens_of(r) for r in made]
+    for a, r in enumerate(made):
+        first = keys.first_private(r)
+        if not r.segments:
+            assert first == 0  # the unique token opens the prompt
+        if first is None:
+            assert r.prompt_tokens <= len(r.segments) * segment_tokens
+            continue
+        for b in range(len(made)):
+            for i in range(first, min(len(tokens[a]), len(tokens[b])) // block_size):
+                if b != a:
+                    assert tokens[a][:(i + 1) * block_size] != tokens[b][:(i + 1) * block_size]
+    assert keys.first_private(made[0]) is None  # its id again: the same tail, which it may hit
+
+
 CASES = [
     ("synthetic:prefixes=3,prefix_len=200,users=40,input=uniform(5,50),output=uniform(5,200),rate=25",
      dict(replicas=2, router="prefix_affinity")),
