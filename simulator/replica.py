@@ -186,15 +186,23 @@ class Replica:
                 return now
             batch = len(scheduler.running)
             run = self.timer.plan_steady_run(scheduler.running, steps, now)
+            # Timed as far as the next arrival (which ends the run if it comes here), then further
+            # if it went elsewhere: runs are often cut short, and timing a step is a cost.
+            run.plan_until(self.clock.next_arrival_s)
             ends = run.end_times
             engine.in_steady_run = True
             try:
-                yield env.timeout(ends[-1] - env.now)
+                while True:
+                    yield env.timeout(ends[-1] - env.now)
+                    if len(ends) == steps:
+                        break
+                    run.plan_until(self.clock.next_arrival_s)
                 taken = steps
             except simpy.Interrupt:
                 # Steps that began at or before the arrival (the first began at `now`) are scheduled
-                # without it; the one after them admits it.
+                # without it; the one after them admits it (it may begin at the arrival's instant).
                 taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+                run.plan(taken)
             interrupted = not engine.in_steady_run
             engine.in_steady_run = False
             if ends[taken - 1] > env.now:

@@ -12,7 +12,8 @@ a point-to-point send of its hidden states.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+import math
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -226,44 +227,19 @@ class StepTimer:
         return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
 
     def plan_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
-        """`steps` steady decode steps from start_s (each running request decoding one token per
-        step), timed but not yet booked: the caller commits as many as it ends up taking (a replica
-        whose run is cut short by an arrival takes fewer). Each step's time is step()'s to the last
-        bit; committed steps add to `split` as step() would (its sums may differ in rounding)."""
+        """Up to `steps` steady decode steps from start_s (each running request decoding one token
+        per step), timed as the caller asks for them (SteadyRun.plan, plan_until) and booked when it
+        commits as many as it ends up taking (a replica whose run an arrival cuts short takes
+        fewer). Each step's time is step()'s to the last bit; committed steps add to `split` as
+        step() would (its sums may differ in rounding)."""
         self.last_sampled = len(running)
         if self._pads:  # the engine's padded groups depend on every context: build each step
             return self._padded_steady_run(running, steps, start_s)
-        times: list[float] = []
-        decode_times: list[float] = []
-        now = start_s
         n = len(running)
         context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
-        base = self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1)
-        scale = self._operator_scale
-        compute_s, comm_s, prefill_s, head_s, overhead_s = (base.compute_s, base.comm_s, base.prefill_s,
-                                                            base.head_s, base.overhead_s)
-        first_context = context
-        for _ in range(steps):
-            decode_s = self.decode_attention(n, context)
-            if scale != 1.0:
-                decode_s = decode_s * scale
-            now += compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
-            times.append(now)
-            decode_times.append(decode_s)
-            context += n
-
-        def commit(k: int) -> None:
-            split = self.split
-            split.decode_s += sum(decode_times[:k]) + k * (compute_s + head_s)
-            split.communication_s += k * comm_s
-            split.overhead_s += k * overhead_s
-            # Flops and bytes grow linearly with the context, n keys more each step.
-            keys = k * first_context + n * k * (k - 1) // 2
-            split.flops += k * (self._flops_per_token * n + self._flops_per_sample * n) + self._attention_flops_per_key * keys
-            split.bytes_moved += k * self.weight_bytes(n) + self._kv_bytes_per_token * keys
-            split.steps += k
-        return SteadyRun(times, commit)
+        return _UniformSteadyRun(self, n, context, steps, start_s,
+                                 self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1))
 
     def _padded_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
         times: list[float] = []
@@ -275,11 +251,7 @@ class StepTimer:
             now += parts.total_s
             times.append(now)
             parts_of_steps.append(parts)
-
-        def commit(k: int) -> None:
-            for parts in parts_of_steps[:k]:
-                self._record(parts)
-        return SteadyRun(times, commit)
+        return _PaddedSteadyRun(self, steps, times, parts_of_steps)
 
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
@@ -364,12 +336,82 @@ class StepTimer:
         return parts.total_s
 
 
-class SteadyRun(NamedTuple):
-    """Planned steady decode steps: their end times, and commit(k), which books the first k into
-    the timer's split."""
+class SteadyRun:
+    """Steady decode steps from a start time: end_times holds those timed so far (at least one),
+    at most `steps`; commit(k) books the first k into the timer's split. This base times every
+    step up front; subclasses may time them as asked."""
 
-    end_times: list[float]
-    commit: Callable[[int], None]
+    def __init__(self, timer: StepTimer, steps: int, end_times: list[float]) -> None:
+        self.timer, self.steps, self.end_times = timer, steps, end_times
+
+    def plan(self, count: int) -> None:
+        """Time the steps up to the count-th (at most `steps`)."""
+
+    def plan_until(self, time_s: float) -> None:
+        """Time steps until one ends after time_s (an arrival then ends the run by that step), or
+        all of them."""
+
+    def commit(self, k: int) -> None:
+        raise NotImplementedError
+
+
+class _UniformSteadyRun(SteadyRun):
+    """Unpadded decode attention: the steps differ only in their decode attention, over n more
+    keys each step. Steps are timed as asked: a run is often cut short by an arrival."""
+
+    def __init__(self, timer: StepTimer, n: int, context: int, steps: int, start_s: float, base: "_StepParts") -> None:
+        super().__init__(timer, steps, [])
+        self.n, self.first_context, self.context, self.now, self.base = n, context, context, start_s, base
+        self.decode_times: list[float] = []
+        self._time(1, math.inf)
+
+    def plan(self, count: int) -> None:
+        self._time(count, math.inf)
+
+    def plan_until(self, time_s: float) -> None:
+        self._time(self.steps, time_s)
+
+    def _time(self, count: int, until_s: float) -> None:
+        """Time steps up to the count-th, stopping after the first that ends past until_s."""
+        timer, n, scale = self.timer, self.n, self.timer._operator_scale
+        compute_s, comm_s, prefill_s, head_s, overhead_s = (self.base.compute_s, self.base.comm_s, self.base.prefill_s,
+                                                            self.base.head_s, self.base.overhead_s)
+        times, decode_times, now, context = self.end_times, self.decode_times, self.now, self.context
+        count = min(count, self.steps)
+        while len(times) < count and (not times or times[-1] <= until_s):
+            decode_s = timer.decode_attention(n, context)
+            if scale != 1.0:
+                decode_s = decode_s * scale
+            now += compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
+            times.append(now)
+            decode_times.append(decode_s)
+            context += n
+        self.now, self.context = now, context
+
+    def commit(self, k: int) -> None:
+        timer, base, n = self.timer, self.base, self.n
+        split = timer.split
+        split.decode_s += sum(self.decode_times[:k]) + k * (base.compute_s + base.head_s)
+        split.communication_s += k * base.comm_s
+        split.overhead_s += k * base.overhead_s
+        # Flops and bytes grow linearly with the context, n keys more each step.
+        keys = k * self.first_context + n * k * (k - 1) // 2
+        split.flops += (k * (timer._flops_per_token * n + timer._flops_per_sample * n)
+                        + timer._attention_flops_per_key * keys)
+        split.bytes_moved += k * timer.weight_bytes(n) + timer._kv_bytes_per_token * keys
+        split.steps += k
+
+
+class _PaddedSteadyRun(SteadyRun):
+    """Padded decode batches (profiled engine devices): every step timed up front."""
+
+    def __init__(self, timer: StepTimer, steps: int, end_times: list[float], parts: list["_StepParts"]) -> None:
+        super().__init__(timer, steps, end_times)
+        self.parts = parts
+
+    def commit(self, k: int) -> None:
+        for parts in self.parts[:k]:
+            self.timer._record(parts)
 
 
 class _StepParts(NamedTuple):

@@ -65,3 +65,46 @@ def test_bulk_decode_runs_equal_step_by_step_when_requests_fill_identical_blocks
     pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
     assert bulk.summary["prefix_cache_hit_rate"] == pytest.approx(stepwise.summary["prefix_cache_hit_rate"])
     assert bulk.summary["prefix_cache_hit_rate"] > 0
+
+
+def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
+    """A steady run is timed as far as the next arrival, then further as asked: its end times are
+    those of one step() after another, to the bit, however it is asked for them."""
+    from engine.sampling_params import SamplingParams
+    from engine.scheduler import ScheduledChunk
+    from engine.sequence import Sequence
+    from simulator.catalog.models import load_model
+    from simulator.cost_model import CostModel
+    from simulator.step_timer import StepTimer
+
+    def timer() -> StepTimer:
+        return StepTimer(CostModel.load("a100-80gb"), load_model("llama-3.1-8b"), block_size=16)
+
+    running = []
+    for i, context in enumerate([37, 500, 1201, 64]):
+        s = Sequence(f"r{i}", [0] * context, SamplingParams(max_tokens=100), 0.0)
+        s.num_computed_tokens = context - 1
+        running.append(s)
+    stepper, now, expected = timer(), 1.5, []
+    for k in range(60):
+        now += stepper.step([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
+                             for s in running])
+        expected.append(now)
+    whole = timer().plan_steady_run(running, 60, 1.5)
+    whole.plan(60)
+    assert whole.end_times == expected
+    piecewise = timer().plan_steady_run(running, 60, 1.5)
+    assert len(piecewise.end_times) == 1
+    piecewise.plan_until(expected[9])  # an arrival at the instant step 10 ends: step 11 begins then
+    assert piecewise.end_times == expected[:11]
+    piecewise.plan(13)
+    piecewise.plan_until(expected[30] + 1e-9)
+    assert piecewise.end_times == expected[:32]
+    piecewise.plan_until(float("inf"))
+    assert piecewise.end_times == expected
+    split_stepper, split_run = stepper.split, timer()
+    run = split_run.plan_steady_run(running, 60, 1.5)
+    run.plan(60)
+    run.commit(60)
+    assert split_run.split.steps == split_stepper.steps == 60
+    assert split_run.split.decode_s == pytest.approx(split_stepper.decode_s, rel=1e-12)
