@@ -75,7 +75,13 @@ class BlockManager:
         # are a counter, not entries: a pool of 10^5 blocks costs nothing until it is used.
         self._front: OrderedDict[int, None] = OrderedDict()
         self._next_unused = 0  # blocks next_unused ... num_blocks - 1 were never handed out
-        self._back: OrderedDict[int, None] = OrderedDict()
+        # The back holds a registered block under its id (value None), or a finished sequence's
+        # deferred private blocks as one run under a negative key (value: the blocks, the last in
+        # the list going first). A run is only ever taken from at its head: nothing can revive its
+        # blocks, having no entries.
+        self._back: OrderedDict[int, list[int] | None] = OrderedDict()
+        self._num_back = 0  # blocks in the back
+        self._last_run_key = 0
         # block id -> its registered identity (a _CachedBlock; with exact keys, (key, parent id, parent generation))
         self._cached: dict[int, _CachedBlock | tuple[int, int, int]] = {}
         self._by_hash: dict[int, int] = {}  # hash -> block id
@@ -83,11 +89,11 @@ class BlockManager:
     # -- accounting ---------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._front) + self.num_blocks - self._next_unused + len(self._back)
+        return len(self._front) + self.num_blocks - self._next_unused + self._num_back
 
     @property
     def num_used_blocks(self) -> int:
-        return self._next_unused - len(self._front) - len(self._back)
+        return self._next_unused - len(self._front) - self._num_back
 
     @property
     def num_cached_blocks(self) -> int:
@@ -289,13 +295,9 @@ class BlockManager:
             seq.num_registered_blocks = len(seq.block_table)
         if num_new_blocks <= 0:
             return True
-        cached, by_hash = self._cached, self._by_hash
         generations, ref_counts = self.generations, self.ref_counts
         new_blocks = self._pop_free(num_new_blocks)
-        for block_id in new_blocks:  # _evict and allocate_block's hand-out, inlined: this runs per block of every prompt
-            entry = cached.pop(block_id, None)
-            if entry is not None and by_hash.get(entry[0]) == block_id:  # entry[0]: its key
-                del by_hash[entry[0]]
+        for block_id in new_blocks:  # allocate_block's hand-out, inlined: this runs per block of every prompt
             generations[block_id] += 1
             ref_counts[block_id] = 1
         seq.block_table.extend(new_blocks)
@@ -311,8 +313,7 @@ class BlockManager:
             block_id = self._next_unused
             self._next_unused += 1
         else:
-            block_id = self._back.popitem(last=False)[0]
-            self._evict(block_id)
+            block_id = self._pop_back(1)[0]
         self.generations[block_id] += 1
         self.ref_counts[block_id] = 1
         seq.block_table.append(block_id)
@@ -327,9 +328,33 @@ class BlockManager:
         if unused > 0:
             taken.extend(range(self._next_unused, self._next_unused + unused))
             self._next_unused += unused
-        back = self._back
-        while len(taken) < count:
-            taken.append(back.popitem(last=False)[0])
+        if len(taken) < count:
+            taken.extend(self._pop_back(count - len(taken)))
+        return taken
+
+    def _pop_back(self, count: int) -> list[int]:
+        """The first `count` blocks of the back, taken out, their registrations evicted."""
+        taken: list[int] = []
+        back, cached, by_hash = self._back, self._cached, self._by_hash
+        self._num_back -= count
+        while count:
+            key = next(iter(back))
+            run = back[key]
+            if run is None:  # a registered block
+                del back[key]
+                taken.append(key)
+                entry = cached.pop(key, None)
+                if entry is not None and by_hash.get(entry[0]) == key:  # entry[0]: its key
+                    del by_hash[entry[0]]
+                count -= 1
+            elif len(run) <= count:  # a run of deferred private blocks: no registrations
+                del back[key]
+                taken.extend(reversed(run))
+                count -= len(run)
+            else:
+                taken.extend(reversed(run[-count:]))
+                del run[-count:]
+                count = 0
         return taken
 
     def _remove_free(self, block_id: int) -> None:
@@ -337,13 +362,9 @@ class BlockManager:
         it was freed, so it is not among the never-used ones)."""
         if block_id in self._back:
             del self._back[block_id]
+            self._num_back -= 1
         else:
             del self._front[block_id]
-
-    def _evict(self, block_id: int) -> None:
-        entry = self._cached.pop(block_id, None)
-        if entry is not None and self._by_hash.get(entry[0]) == block_id:  # entry[0]: its key
-            del self._by_hash[entry[0]]
 
     def free(self, seq: Sequence, finished: bool = False) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
@@ -372,6 +393,7 @@ class BlockManager:
     def _release(self, block_ids: list[int]) -> None:
         """Drop a reference to each block, last first; blocks nobody holds become free."""
         ref_counts, front, back, cached = self.ref_counts, self._front, self._back, self._cached
+        to_back = len(back)
         for block_id in reversed(block_ids):
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
@@ -384,6 +406,7 @@ class BlockManager:
                     front.move_to_end(block_id, last=False)
             elif count < 0:
                 raise AssertionError(f"block {block_id} freed more often than allocated")
+        self._num_back += len(back) - to_back
 
     def _release_deferred(self, block_ids: list[int]) -> None:
         """Free a finished sequence's deferred private blocks, last first, queued for eviction as
@@ -393,7 +416,9 @@ class BlockManager:
             if ref_counts[block_id] != 1:
                 raise AssertionError(f"private block {block_id} is held {ref_counts[block_id]} times")
             ref_counts[block_id] = 0
-        self._back.update(zip(reversed(block_ids), repeat(None)))
+        self._last_run_key -= 1
+        self._back[self._last_run_key] = block_ids  # the last goes first, as _release would queue them
+        self._num_back += len(block_ids)
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Release the sequence's tail blocks beyond those num_tokens tokens need (blocks that
@@ -409,15 +434,22 @@ class BlockManager:
             self._front[block_id] = None
             self._front.move_to_end(block_id, last=False)
 
+    def free_order(self) -> list[int]:
+        """The free blocks in the order they are handed out."""
+        back = [b for key, run in self._back.items() for b in ([key] if run is None else reversed(run))]
+        return [*self._front, *range(self._next_unused, self.num_blocks), *back]
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the pool's accounting is inconsistent (for tests)."""
         in_use = sum(1 for r in self.ref_counts if r > 0)
         assert all(r >= 0 for r in self.ref_counts), "negative reference count"
-        free = [*self._front, *range(self._next_unused, self.num_blocks), *self._back]
+        free = self.free_order()
         assert len(set(free)) == len(free), "a block is free twice"
         assert in_use + len(free) == self.num_blocks, "free + in use != total"
         assert all(self.ref_counts[b] == 0 for b in free), "a free block is referenced"
         assert not any(b in self._cached for b in self._front), "a registered block is queued as empty"
+        assert self._num_back == len(free) - len(self._front) - (self.num_blocks - self._next_unused), \
+            "back count out of sync"
         assert all(self.generations[b] == 0 for b in range(self._next_unused, self.num_blocks)), \
             "a never-used block was handed out"
         for h, b in self._by_hash.items():

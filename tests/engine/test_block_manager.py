@@ -175,7 +175,7 @@ def test_exact_keys_make_the_decisions_token_hashing_makes() -> None:
 
 def _free_order(bm: BlockManager) -> list[int]:
     """The free blocks in the order the pool hands them out."""
-    return [*bm._front, *range(bm._next_unused, bm.num_blocks), *bm._back]
+    return bm.free_order()
 
 
 def test_private_blocks_make_the_decisions_registered_blocks_make() -> None:
