@@ -51,7 +51,7 @@ class Recorder:
     watch: object | None = None
     _first_tokens_told: set = field(default_factory=set)
 
-    def _flush_gaps(self) -> None:
+    def flush_gaps(self) -> None:
         pending = self._pending_times
         if not pending:
             return
@@ -81,8 +81,8 @@ class Recorder:
 
     def merge(self, other: "Recorder") -> None:
         """Add another recorder's rows, samples and gap counts (replicas simulated apart)."""
-        self._flush_gaps()
-        other._flush_gaps()
+        self.flush_gaps()
+        other.flush_gaps()
         for key, column in self.columns.items():
             column.extend(other.columns[key])
         self.rejected.extend(other.rejected)
@@ -112,7 +112,7 @@ class Recorder:
         c["cached_prompt_tokens"].append(seq.num_cached_prompt_tokens)
         self._pending_times.append(times)
         if len(self._pending_times) >= 4096:
-            self._flush_gaps()
+            self.flush_gaps()
         if self.watch is not None:
             counted = seq.request_id in self._first_tokens_told
             self._first_tokens_told.discard(seq.request_id)
@@ -142,7 +142,7 @@ class Recorder:
 
     # -- tables ---------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
-        self._flush_gaps()
+        self.flush_gaps()
         df = pd.DataFrame({k: np.frombuffer(v, dtype=np.int64 if v.typecode == "q" else np.float64).copy()
                            for k, v in self.columns.items()})
         df["status"] = "finished"
@@ -167,7 +167,7 @@ class Recorder:
         return frame.sort_values(["time_s", "replica"], kind="stable").reset_index(drop=True)
 
     def itl_percentile(self, q: float) -> float:
-        self._flush_gaps()
+        self.flush_gaps()
         total = self.itl_counts.sum()
         if total == 0:
             return math.nan
@@ -175,7 +175,7 @@ class Recorder:
         return _itl_bin_center(index)
 
     def itl_mean(self) -> float:
-        self._flush_gaps()
+        self.flush_gaps()
         total = self.itl_counts.sum()
         if total == 0:
             return math.nan

@@ -196,6 +196,7 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                     recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
                                     seq.sampling.max_tokens,
                                     "never scheduled: the replica could not fit it alongside its other requests")
+    recorder.flush_gaps()  # binned here, where they were simulated: the record sent back stays small
     record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
                          [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices)
     for replica in replicas:
