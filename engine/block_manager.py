@@ -351,6 +351,9 @@ class BlockManager:
                 del back[key]
                 taken.extend(reversed(run))
                 count -= len(run)
+            elif count == 1:  # a decode's block
+                taken.append(run.pop())
+                count = 0
             else:
                 taken.extend(reversed(run[-count:]))
                 del run[-count:]

@@ -103,23 +103,24 @@ def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> 
     # Block events in the order the step-by-step scheduler makes them: in step j, schedule()
     # allocates (running order), then update() registers newly full blocks (running order).
     events: list[tuple[int, int, int]] = []  # (step, phase 0 = allocate / 1 = register, running index)
+    caching = bm.enable_prefix_caching
+    start: list[int] = []
+    filler = [token] * steps
     for i, seq in enumerate(running):
-        computed, held = seq.num_computed_tokens, len(seq.block_table) * bs
+        computed = seq.num_computed_tokens
+        start.append(computed)
         # Allocation in step j when computed + j > blocks held (then every block_size steps after).
-        j = held - computed + 1
+        j = len(seq.block_table) * bs - computed + 1
         while j <= steps:
             events.append((j, 0, i))
             j += bs
-        if bm.enable_prefix_caching:
+        if caching:
             # Registration in step j when (computed + j) is a multiple of block_size.
             j = bs - computed % bs
             while j <= steps:
                 events.append((j, 1, i))
                 j += bs
-    start = [seq.num_computed_tokens for seq in running]
-    filler = [token] * steps
-    for seq in running:  # every token of the run is known up front (block hashes read them)
-        seq.token_ids.extend(filler)
+        seq.token_ids.extend(filler)  # every token of the run is known up front (block hashes read them)
     for j, phase, i in sorted(events):
         seq = running[i]
         if phase == 0:  # steady_steps checked the free pool holds every block of the run
@@ -127,20 +128,20 @@ def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> 
         else:
             seq.num_computed_tokens = start[i] + j
             bm.cache_full_blocks(seq)
+    # The last step's finishes, in running order as update() makes them. Freeing a request's
+    # blocks there interleaves with the other requests' registrations and token bookkeeping,
+    # which touch neither the free pool nor the freed blocks, so finishing here, after all
+    # registrations, ends in the same state.
+    finished: list[FinishedRequest] = []
+    end = step_end_times[-1]
+    max_len = scheduler.config.max_model_len
     for i, seq in enumerate(running):
         if seq.status is not RequestStatus.RUNNING:
             raise AssertionError("steady decode run over a request that is not running")
         seq.num_computed_tokens = start[i] + steps
         seq.token_times.extend(step_end_times)
-    # The last step's finishes, in running order as update() makes them. Freeing a request's
-    # blocks there interleaves with the other requests' registrations, which touch neither the
-    # free pool nor the freed blocks, so finishing after all registrations ends in the same state.
-    finished: list[FinishedRequest] = []
-    end = step_end_times[-1]
-    for seq in running:
-        params = seq.sampling  # the cheap screen of update(); the scheduler's rule decides
-        if (len(seq.token_ids) - len(seq.prompt_token_ids) >= params.max_tokens
-                or len(seq.token_ids) >= scheduler.config.max_model_len):
+        num_tokens = len(seq.token_ids)  # the cheap screen of update(); the scheduler's rule decides
+        if num_tokens - len(seq.prompt_token_ids) >= seq.sampling.max_tokens or num_tokens >= max_len:
             done = scheduler.stop_if_done(seq, token, end)
             if done is not None:
                 finished.append(done)
