@@ -14,13 +14,25 @@ from plotly.subplots import make_subplots
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queueing delay"))
 
 
+CDF_POINTS = 2000  # points drawn per CDF: finer than a chart shows; a long trace's CDF stays light
+
+
+def cdf_points(sorted_values: np.ndarray, most: int = CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Points of the empirical CDF of sorted values: every one when there are few, else `most` of
+    them at evenly spaced ranks (the first and the last included), each exactly on the CDF."""
+    n = len(sorted_values)
+    ranks = np.arange(n) if n <= most else np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
+    return sorted_values[ranks], (ranks + 1) / n
+
+
 def latency_cdfs(requests: pd.DataFrame, label: str = "") -> go.Figure:
     fig = make_subplots(rows=1, cols=len(LATENCIES), subplot_titles=[name for _, name in LATENCIES])
     for i, (column, name) in enumerate(LATENCIES, start=1):
         values = np.sort(requests[column].dropna().to_numpy(dtype=float))
         if len(values):
-            fig.add_trace(go.Scatter(x=values, y=np.arange(1, len(values) + 1) / len(values), mode="lines",
-                                     name=f"{name} {label}".strip(), showlegend=False), row=1, col=i)
+            x, y = cdf_points(values)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} {label}".strip(), showlegend=False),
+                          row=1, col=i)
         fig.update_xaxes(title_text="seconds", row=1, col=i)
     fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
     fig.update_layout(title="Latency CDFs", height=360)

@@ -17,7 +17,7 @@ def trace_input(key: str):
     source = st.radio("Trace", ["bundled ShareGPT lengths", "trace spec", "upload"], horizontal=True, key=f"{key}_src")
     try:
         if source == "bundled ShareGPT lengths":
-            num = st.number_input("requests", 20, 5000, 200, step=20, key=f"{key}_num")
+            num = st.number_input("requests", 20, 200_000, 200, step=20, key=f"{key}_num")
             rate = st.number_input("arrival rate (req/s)", 0.1, 1000.0, 8.0, key=f"{key}_rate")
             spec = bundled_spec(int(num), float(rate))
             return workload_from_spec(spec), spec
