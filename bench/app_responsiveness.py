@@ -56,11 +56,39 @@ def main() -> None:
         print(f"what-if: {len(workload):,} requests of the Azure conversation trace (mean prompt {mean_prompt:,.0f} "
               f"tokens, its own arrival times) on 8 x h100-sxm, {workers} processes: trace {loaded:.2f} s + "
               f"simulation {simulated:.2f} s")
+    explore_page_answer(args.requests)
     if args.skip_plan:
         return
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "app.cli", "plan", "--json"], check=True, stdout=subprocess.DEVNULL)
     print(f"full default plan (servecast plan): {time.perf_counter() - started:.1f} s")
+
+
+def explore_page_answer(requests: int) -> None:
+    """The Explore page asked a new question (another GPU) on the bundled trace, in Streamlit's
+    test harness: the simulation and the page's metrics and charts, server side (a browser then
+    draws them)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app" / "dashboard" / "explore_page.py"),
+                           default_timeout=600)
+    at.run()
+    at.number_input(key="explore_replicas").set_value(8)
+    at.number_input(key="explore_num").set_value(requests)
+    at.number_input(key="explore_rate").set_value(40.0)
+    at.run()  # the first answer (h100-sxm): the page's modules and the catalog warmed
+    for hardware in ("h200", "a100-80gb"):
+        at.selectbox(key="explore_hw").set_value(hardware)
+        started = time.perf_counter()
+        at.run()
+        took = time.perf_counter() - started
+        if at.exception:
+            raise RuntimeError(f"the Explore page failed: {at.exception}")
+        print(f"Explore page, a new question ({requests:,} bundled requests at 40 req/s on 8 x {hardware}): "
+              f"{took:.2f} s to the page's charts")
+    started = time.perf_counter()
+    at.run()
+    print(f"Explore page, the same question again (cached): {time.perf_counter() - started:.2f} s")
 
 
 if __name__ == "__main__":
