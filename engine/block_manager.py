@@ -30,7 +30,7 @@ unchanged; the simulator skips an entry made and evicted per block of every prom
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import repeat
+from itertools import islice, repeat
 from collections.abc import Callable, Sequence as Seq
 from typing import NamedTuple
 
@@ -280,10 +280,7 @@ class BlockManager:
         num_reused = len(computed_blocks)
         if not num_reused and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
             return True  # fits the blocks it holds: the common decode step
-        total_tokens = seq.num_computed_tokens + num_reused * self.block_size + num_new_tokens
-        num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
-        # Reused blocks that are free leave the free pool too.
-        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0) if num_reused else 0
+        num_new_blocks, num_revived = self._allocation(seq, num_new_tokens, computed_blocks)
         if max(num_new_blocks, 0) + num_revived > self.num_free_blocks:
             return False
         for block_id in computed_blocks:
@@ -302,6 +299,37 @@ class BlockManager:
             ref_counts[block_id] = 1
         seq.block_table.extend(new_blocks)
         return True
+
+    def _allocation(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int]) -> tuple[int, int]:
+        """(new blocks, revived free blocks) that allocate_slots needs for these tokens."""
+        num_reused = len(computed_blocks)
+        total_tokens = seq.num_computed_tokens + num_reused * self.block_size + num_new_tokens
+        num_new_blocks = self.blocks_needed(total_tokens) - len(seq.block_table) - num_reused
+        # Reused blocks that are free leave the free pool too.
+        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0) if num_reused else 0
+        return num_new_blocks, num_revived
+
+    def free_blocks_needed(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> int:
+        """Free blocks allocate_slots(seq, num_new_tokens, computed_blocks) would take out of the
+        pool; it succeeds exactly when the pool has that many. Changes nothing."""
+        if not computed_blocks and seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
+            return 0
+        num_new_blocks, num_revived = self._allocation(seq, num_new_tokens, computed_blocks)
+        return max(num_new_blocks, 0) + num_revived
+
+    def next_free_blocks(self, count: int) -> list[int]:
+        """The first `count` free blocks in eviction order (those handed out next), left in place."""
+        blocks = list(islice(self._front, count))
+        if len(blocks) < count:
+            blocks.extend(range(self._next_unused, min(self.num_blocks, self._next_unused + count - len(blocks))))
+        for key, run in self._back.items():
+            if len(blocks) >= count:
+                break
+            if run is None:
+                blocks.append(key)
+            else:
+                blocks.extend(islice(reversed(run), count - len(blocks)))
+        return blocks
 
     def allocate_block(self, seq: Sequence) -> None:
         """Give the sequence one new block, the next free one in eviction order; the caller knows the

@@ -172,6 +172,44 @@ class Scheduler:
             self._add_lookahead(out, budget)
         return out
 
+    def only_decodes_next(self) -> bool:
+        """Whether the next schedule() will only decode: every running request has just its last
+        sampled token to compute and gets its slot without a preemption, and no waiting request
+        is admitted (none is offered, or the head is refused). Reads the state, changes nothing.
+        The simulator takes such steps in bulk (simulator/steady_decode.py)."""
+        if self.config.num_lookahead_tokens or len(self.running) > self.config.max_num_batched_tokens:
+            return False
+        bm = self.block_manager
+        block_size = bm.block_size
+        decode_blocks = 0
+        for seq in self.running:
+            computed = seq.num_computed_tokens
+            if computed != len(seq.token_ids) - 1 or computed < seq.num_prefill_tokens:
+                return False
+            if computed + 1 > len(seq.block_table) * block_size:
+                decode_blocks += 1
+        free = bm.num_free_blocks - decode_blocks  # after the decodes' blocks, taken first
+        if free < 0:
+            return False  # someone would be preempted
+        budget = self.config.max_num_batched_tokens - len(self.running)
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return True
+        head = self.waiting[0]
+        computed_blocks = bm.get_computed_blocks(head)
+        if computed_blocks and decode_blocks:
+            # The decodes' blocks may evict some of the head's cached prefix: its hits end there.
+            taken = set(bm.next_free_blocks(decode_blocks))
+            for i, block_id in enumerate(computed_blocks):
+                if block_id in taken:
+                    computed_blocks = computed_blocks[:i]
+                    break
+        num_new = head.num_tokens - len(computed_blocks) * block_size
+        if num_new > budget:
+            if not self.config.enable_chunked_prefill:
+                return True
+            num_new = budget
+        return bm.free_blocks_needed(head, num_new, computed_blocks) > free
+
     def _add_lookahead(self, out: SchedulerOutput, budget: int) -> None:
         """Speculative decoding: extend decode chunks with draft slots from what the step leaves
         over -- token budget and free blocks -- so drafts never take a block or a token that a

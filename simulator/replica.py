@@ -141,14 +141,12 @@ class Replica:
                 cold_s = timer.wakeup(env.now - idle_from)
             now = env.now
             while scheduler.has_unfinished():
-                waiting = len(scheduler.waiting)
                 out = scheduler.schedule(now)
                 if out.is_empty:
                     break  # nothing admissible until something arrives
                 step_s = timer.step(out.chunks) + cold_s
                 cold_s = 0.0
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas
-                all_decodes = timer.last_all_decodes
                 accepted = None
                 if self.speculation is not None:  # drafts proposed before the step, accepted by it
                     step_s += self.speculation.draft_time(out, scheduler.requests)
@@ -159,9 +157,9 @@ class Replica:
                 if now > self.clock.next_arrival_s:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
-                finished = self._apply(engine, out, now, sampled, accepted)
-                if (self.bulk_decodes and isinstance(scheduler, Scheduler)
-                        and steady_decode.is_steady(scheduler, out, finished, waiting, all_decodes)):
+                self._apply(engine, out, now, sampled, accepted)
+                if (self.bulk_decodes and timer.times_steady_runs and isinstance(scheduler, Scheduler)
+                        and scheduler.only_decodes_next()):
                     now = yield from self._steady_runs(engine, now)
             if now > env.now:
                 yield env.timeout(now - env.now)
@@ -222,11 +220,11 @@ class Replica:
                 self._sample(now, batch)
             if interrupted:
                 return now
-            if scheduler.waiting and finished:
-                return now  # freed blocks may admit the waiting: the scheduler decides
+            if scheduler.waiting and finished and not scheduler.only_decodes_next():
+                return now  # the blocks freed admit a waiting request: a scheduler step
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
-               accepted: dict | None = None) -> int:
+               accepted: dict | None = None) -> None:
         finished = engine.scheduler.update(out, self._sampled, now, accepted)
         if self.recorder.watch is not None:
             # First tokens come from prompt chunks (steady decode runs never make one); told before
@@ -243,7 +241,6 @@ class Replica:
         if now >= self._next_sample_s:
             self._next_sample_s = now + self.sample_every_s
             self._sample(now, out.num_batched_tokens)
-        return len(finished)
 
     def _retire(self, engine: _VirtualEngine, request_id: str) -> None:
         """Book a request the scheduler has finished."""

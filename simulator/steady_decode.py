@@ -1,11 +1,15 @@
 """Steady decode runs: many scheduler steps applied at once, with exactly the engine's outcome.
 
-After a step in which every running request decoded one token (no prefill, no admission, no
-preemption, no finish), the engine's scheduler keeps making that same decision -- each running
-request, in admission order, one token -- until something changes: a request arrives, a request
-finishes, or the block pool cannot give a growing request its next block. Waiting requests that
-could not be admitted stay blocked meanwhile: the running set and the token budget do not change,
-and the free pool only shrinks (a cached prefix can only be evicted, never gained, in between).
+Once the engine's next step will only decode (Scheduler.only_decodes_next: every running request
+has just its last sampled token to compute, and no waiting request gets in), its scheduler keeps
+making that same decision -- each running request, in admission order, one token -- until
+something changes: a request arrives, a request finishes, or the block pool cannot give a growing
+request its next block. Waiting requests that could not be admitted stay blocked meanwhile: the
+running set and the token budget do not change, and the free pool only shrinks. A cached prefix
+can only be evicted, never gained, in between, and only from its end (a block is freed no earlier
+than the blocks after it, so it is queued for eviction after them): each block the waiting head
+loses from its cached prefix is a block the pool handed out, so the blocks it lacks never
+outgrow the free pool's shrinking.
 
 `steady_steps` finds how many of those steps can be taken in bulk (up to and including the step
 in which the first request finishes, and before the pool would run dry or the next arrival), and
@@ -17,32 +21,8 @@ tests/simulator/test_steady_decode.py checks that runs with and without it agree
 
 from __future__ import annotations
 
-from engine.scheduler import FinishedRequest, Scheduler, SchedulerOutput
+from engine.scheduler import FinishedRequest, Scheduler
 from engine.sequence import RequestStatus
-
-
-def is_steady(scheduler: Scheduler, out: SchedulerOutput, finished: int, waiting_when_scheduled: int,
-              all_decodes: bool) -> bool:
-    """Did this step leave the scheduler in a steady decode state? waiting_when_scheduled: the
-    queue's length when the step was scheduled -- a request that arrived during the step has not
-    been offered admission yet (one that queued behind a blocked head is as blocked as the head).
-    all_decodes: whether every chunk was a one-token decode, not prefill (StepTimer.last_all_decodes)."""
-    if out.preempted:
-        return False
-    if not scheduler.waiting:
-        # Nobody to admit: the next steps are all decodes as soon as every running request has
-        # exactly its last sampled token left to compute -- right after a step that finished the
-        # last prompts, or after one in which requests finished.
-        for seq in scheduler.running:
-            computed = seq.num_computed_tokens
-            if computed != len(seq.token_ids) - 1 or computed < seq.num_prefill_tokens:
-                return False
-        return True
-    # Someone waits: steady only if the head was offered admission in an all-decode step and
-    # refused (no blocks or no sequence slot), and nothing has freed blocks since.
-    if finished or len(out.chunks) != len(scheduler.running) or not waiting_when_scheduled:
-        return False
-    return all_decodes
 
 
 def steady_steps(scheduler: Scheduler, limit: int) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
@@ -47,6 +47,8 @@ class TimeSplit:
 
 @dataclass
 class StepTimer:
+    # plan_steady_run times decode steps as step() would: replicas may take them in bulk.
+    times_steady_runs: ClassVar[bool] = True
     cost_model: CostModel
     model: ModelSpec
     tp: int = 1
@@ -62,7 +64,6 @@ class StepTimer:
 
     def __post_init__(self) -> None:
         self.last_sampled = 0  # rows that sampled a token in the last step timed
-        self.last_all_decodes = False  # the last step timed was all one-token decodes
         self._layers = self.model.num_layers
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
@@ -265,12 +266,9 @@ class StepTimer:
         keys = prefill_context = 0
         padded = self._pads
         contexts: list[int] = []
-        steady = True  # every chunk a one-token decode (not a one-token prefill)
         verify = verify_context = verify_queries = 0  # speculative verification chunks: attended in one batch
         for _, start, n, is_prefill, samples in chunks:
             tokens += n
-            if is_prefill or n != 1:
-                steady = False
             if samples:
                 sampled += 1
             if n == 1:
@@ -291,7 +289,6 @@ class StepTimer:
                 keys += n * start + n * (n + 1) // 2
                 prefill_context += start + n
         self.last_sampled = sampled
-        self.last_all_decodes = steady
         if not tokens:
             return None
         groups = 1 if decodes else 0

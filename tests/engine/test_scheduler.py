@@ -114,3 +114,52 @@ def test_requests_that_can_never_run_are_refused() -> None:
     with pytest.raises(ValueError, match="already in use"):
         add(s, "ok", 3)
     assert list(s.requests) == ["ok"]
+
+
+@pytest.mark.parametrize("chunked, seed", [(True, 0), (True, 1), (False, 2)])
+def test_only_decodes_next_predicts_the_next_step(chunked, seed) -> None:
+    """only_decodes_next() (which the simulator trusts to take decode steps in bulk) says exactly
+    whether the next schedule() only decodes -- every running request one token, no preemption, no
+    admission -- through tight pools, shared cached prefixes, capped prompt chunks and preemptions."""
+    import random
+
+    rng = random.Random(seed)
+    if chunked:
+        s = make(budget=24, seqs=6, blocks=40, block_size=4, max_len=96, eos=())
+        prefix_len, suffix_len, output_len, arrivals = (8, 30), (1, 12), (1, 30), [0, 0, 0, 1, 2]
+    else:  # a whole prompt must fit a step: the running requests' decodes leave long ones waiting
+        s = make(budget=48, seqs=6, blocks=30, block_size=4, chunked=False, caching=False, max_len=48, eos=())
+        prefix_len, suffix_len, output_len, arrivals = (18, 28), (1, 11), (2, 12), [0, 0, 0, 1, 2]
+    prefixes = [[rng.randrange(3, 9) for _ in range(rng.randrange(*prefix_len))] for _ in range(3)]
+    outcomes = {True: 0, False: 0}
+    waiting_refused = 0
+    for step in range(3000):
+        for _ in range(rng.choice(arrivals)):
+            prompt = rng.choice(prefixes) + [rng.randrange(3, 9) for _ in range(rng.randrange(*suffix_len))]
+            s.add(Sequence(f"r{step}-{rng.random()}", prompt,
+                           SamplingParams(max_tokens=rng.randrange(*output_len), ignore_eos=True), 0.0))
+        running = [seq.request_id for seq in s.running]
+        predicted = s.only_decodes_next()
+        out = s.schedule()
+        only_decodes = (not out.preempted and [c.request_id for c in out.chunks] == running
+                        and all(c.num_tokens == 1 and not c.is_prefill for c in out.chunks))
+        assert predicted == only_decodes, step
+        outcomes[predicted] += 1
+        waiting_refused += predicted and bool(s.waiting)
+        s.update(out, {c.request_id: 1 for c in out.chunks if c.samples}, float(step))
+    assert min(outcomes.values()) > 200 and waiting_refused > 100, (outcomes, waiting_refused)
+    assert s.num_preemptions > 0
+
+
+def test_without_chunking_a_prompt_longer_than_the_budget_left_only_decodes_next() -> None:
+    """Four running requests take four tokens of a 16-token budget: a 14-token prompt waits, however
+    many blocks are free."""
+    s = make(budget=16, seqs=8, blocks=64, block_size=4, chunked=False, max_len=16, eos=())
+    for i in range(4):
+        add(s, f"r{i}", 3, max_tokens=8, ignore_eos=True)
+    run_step(s)
+    add(s, "long", 14, max_tokens=2, ignore_eos=True)
+    assert s.only_decodes_next()
+    out, _ = run_step(s)
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(f"r{i}", 1) for i in range(4)]
+    assert s.waiting[0].request_id == "long"

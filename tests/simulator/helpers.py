@@ -16,13 +16,14 @@ from simulator.workload import Workload, make_workload
 class FixedStepTimer(StepTimer):
     """Every step takes the same time (queueing-theory checks)."""
 
+    times_steady_runs = False  # plan_steady_run would time steps from the cost model
+
     def __init__(self, config: SimConfig, seconds: float) -> None:
         super().__init__(CostModel.load(config.hardware), config.model_spec())
         self.seconds = seconds
 
     def step(self, chunks: Sequence) -> float:
         self.last_sampled = sum(1 for c in chunks if c.samples)
-        self.last_all_decodes = False  # no bulk decode runs: their times would come from the cost model
         self.split.steps += 1
         return self.seconds
 
