@@ -179,11 +179,11 @@ class Replica:
         routed here ends the runs (see the module's docstring)."""
         env, scheduler = self.env, engine.scheduler
         while True:
-            steps = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
+            steps, context = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
             if steps <= 0:
                 return now
             batch = len(scheduler.running)
-            run = self.timer.plan_steady_run(scheduler.running, steps, now)
+            run = self.timer.plan_steady_run(scheduler.running, steps, now, context)
             # Timed as far as the next arrival (which ends the run if it comes here), then further
             # if it went elsewhere: runs are often cut short, and timing a step is a cost.
             run.plan_until(self.clock.next_arrival_s)

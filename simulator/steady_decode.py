@@ -25,51 +25,56 @@ from engine.scheduler import FinishedRequest, Scheduler
 from engine.sequence import RequestStatus
 
 
-def steady_steps(scheduler: Scheduler, limit: int) -> int:
-    """How many identical all-decode steps (at most limit) can be applied in bulk from now."""
+def steady_steps(scheduler: Scheduler, limit: int) -> tuple[int, int]:
+    """How many identical all-decode steps (at most limit) can be applied in bulk from now, and
+    the first step's total decode context (what StepTimer.plan_steady_run times from). One pass
+    over the running requests: the simulator calls this for every run."""
     running = scheduler.running
     if not running or limit <= 0 or len(running) > scheduler.config.max_num_batched_tokens:
-        return 0
+        return 0, 0
     max_len = scheduler.config.max_model_len
-    # Up to the step in which the first request finishes (apply finishes it as update() would).
-    steps = limit
+    bm = scheduler.block_manager
+    bs = bm.block_size
+    steps, context = limit, 0
+    # first_block[j]: requests whose next new block is needed in step j (then every bs steps).
+    first_block: dict[int, int] = {}
     for seq in running:
         params = seq.sampling
         if params.stop_token_ids or not params.ignore_eos:
-            return 0  # a sampled token could stop it: not predictable here
-        # Steps until the length limits stop it (the earlier of max_tokens and max_model_len).
+            return 0, 0  # a sampled token could stop it: not predictable here
+        num_tokens = len(seq.token_ids)
+        # Up to the step in which the first request finishes (apply finishes it as update() would):
+        # steps until the length limits stop it (the earlier of max_tokens and max_model_len).
         end = params.max_tokens + len(seq.prompt_token_ids)
         if end > max_len:
             end = max_len
-        to_finish = end - len(seq.token_ids)
-        if to_finish < steps:
-            steps = to_finish
+        if end - num_tokens < steps:
+            steps = end - num_tokens
+        computed = seq.num_computed_tokens
+        context += computed + 1
+        # A step computes token number computed + 1 (the last sampled one).
+        j = len(seq.block_table) * bs - computed + 1
+        first_block[j] = first_block.get(j, 0) + 1
     if steps <= 0:
-        return 0
+        return 0, 0
     # Before the pool would run dry: the new blocks for k more steps must all be free now.
-    bm = scheduler.block_manager
     free = bm.num_free_blocks
-    if _new_blocks(running, steps, bm.block_size) > free:
+    if _new_blocks(first_block, steps, bs) > free:
         low, high = 0, steps  # largest k with _new_blocks(k) <= free
         while low < high:
             mid = (low + high + 1) // 2
-            if _new_blocks(running, mid, bm.block_size) <= free:
+            if _new_blocks(first_block, mid, bs) <= free:
                 low = mid
             else:
                 high = mid - 1
         steps = low
-    return steps
+    return steps, context
 
 
-def _new_blocks(running, steps: int, block_size: int) -> int:
-    """Blocks the running requests allocate over `steps` decode steps."""
-    total = 0
-    for seq in running:
-        # A step computes token number num_computed + 1 (the last sampled one).
-        needed = -(-(seq.num_computed_tokens + steps) // block_size) - len(seq.block_table)
-        if needed > 0:
-            total += needed
-    return total
+def _new_blocks(first_block: dict[int, int], steps: int, block_size: int) -> int:
+    """Blocks the running requests allocate over `steps` decode steps, from the step in which each
+    first needs one (first_block: that step -> how many requests)."""
+    return sum(count * (1 + (steps - j) // block_size) for j, count in first_block.items() if j <= steps)
 
 
 def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0) -> list[FinishedRequest]:

@@ -227,7 +227,7 @@ class StepTimer:
         """Extra time of the first step after idle_s seconds without work (profiled devices)."""
         return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
 
-    def plan_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
+    def plan_steady_run(self, running, steps: int, start_s: float, context: int | None = None) -> "SteadyRun":
         """Up to `steps` steady decode steps from start_s (each running request decoding one token
         per step), timed as the caller asks for them (SteadyRun.plan, plan_until) and booked when it
         commits as many as it ends up taking (a replica whose run an arrival cuts short takes
@@ -237,7 +237,8 @@ class StepTimer:
         if self._pads:  # the engine's padded groups depend on every context: build each step
             return self._padded_steady_run(running, steps, start_s)
         n = len(running)
-        context = sum(seq.num_computed_tokens + 1 for seq in running)
+        if context is None:  # the first step's total decode context, unless the caller summed it
+            context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
         return _UniformSteadyRun(self, n, context, steps, start_s,
                                  self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1))
