@@ -219,8 +219,10 @@ class Replica:
                 self._next_sample_s = now + self.sample_every_s
                 self._sample(now, batch)
             if interrupted:
-                return now
-            if scheduler.waiting and finished and not scheduler.only_decodes_next():
+                # An arrival: it may be admitted next, unless it queued behind a refused head.
+                if len(scheduler.waiting) <= 1 or not scheduler.only_decodes_next():
+                    return now
+            elif scheduler.waiting and finished and not scheduler.only_decodes_next():
                 return now  # the blocks freed admit a waiting request: a scheduler step
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
