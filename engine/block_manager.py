@@ -403,7 +403,7 @@ class BlockManager:
         finished: the sequence never comes back (it finished or was aborted), so its deferred
         private blocks need no entries; a preempted one may find them again, so they get them."""
         table, num_registered = seq.block_table, seq.num_registered_blocks
-        private = seq.first_private_block
+        private = seq.first_private_block if self.exact_keys else None  # a promise about exact keys only
         deferred = 0  # the table's blocks from `private` up to num_registered: registered, without entries
         if private is not None:
             if not finished:

@@ -258,6 +258,21 @@ def test_private_blocks_make_the_decisions_registered_blocks_make() -> None:
     assert pools[0]._next_unused == pools[0].num_blocks  # the pool went round: evictions happened
 
 
+def test_a_hashing_pool_ignores_the_private_block_promise() -> None:
+    """first_private_block speaks of exact keys: a pool hashing tokens registers and evicts those
+    blocks as any other, so a finished request's blocks leave no stale entries behind."""
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = seq(range(10, 22), "a")
+    a.first_private_block = 0
+    admit(bm, a)
+    bm.free(a, finished=True)
+    b = seq(range(50, 74), "b")  # takes all six blocks, evicting a's
+    assert admit(bm, b) == 0
+    bm.check_invariants()
+    bm.free(b, finished=True)
+    assert admit(bm, seq(range(10, 22), "c")) == 0  # a's blocks were overwritten: no hit
+
+
 def test_exact_keys_missing_for_a_block_is_a_clear_error() -> None:
     bm = BlockManager(num_blocks=8, block_size=4, exact_keys=True)
     s = seq(range(9))
