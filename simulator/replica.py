@@ -17,7 +17,8 @@ changes (outstanding tokens move only when a request arrives or finishes, and a 
 first finish), so a run is planned up to its first finish and waited out in one SimPy timeout,
 whatever arrives elsewhere meanwhile. An arrival routed to the replica interrupts the wait; the
 replica then takes the steps that began at or before that instant -- the ones the step-by-step
-loop schedules without the newcomer -- and schedules it in the next step, as that loop would.
+loop schedules without the newcomer -- and the next step offers it admission, as that loop would
+(unless the scheduler says that step only decodes: then the runs go on).
 """
 
 from __future__ import annotations
@@ -174,9 +175,10 @@ class Replica:
         """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
         time the last step taken ends, which env.now has reached.
 
-        A run ends at the step where a request finishes; with nobody waiting, the requests left
-        are steady again at once, so the next run follows without a scheduler step. An arrival
-        routed here ends the runs (see the module's docstring)."""
+        A run ends at the step where a request finishes, or where an arrival routed here comes
+        in (see the module's docstring). The next run follows without a scheduler step when the
+        scheduler's next step would only decode (Scheduler.only_decodes_next): always with nobody
+        waiting, otherwise when the waiting head would be refused."""
         env, scheduler = self.env, engine.scheduler
         while True:
             steps, context = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
