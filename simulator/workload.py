@@ -25,7 +25,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_LENGTHS = PROJECT_ROOT / "traces" / "sharegpt_lengths.csv"
 
 # Token ids of the simulator's synthetic prompts: segment s starts with SEGMENT_BASE + s, request
-# r's unique tail starts with -(r + 1); every other position holds 0.
+# r's unique tail starts with -(r + 2); every other position holds 0. Not -(r + 1): CPython hashes
+# -1 as -2, so the engine's block hashes of requests 0 and 1 would collide (a collision costs the
+# pool its cache entries for those blocks; it never reuses a wrong block).
 SEGMENT_BASE = 1 << 40
 
 
@@ -54,7 +56,7 @@ class Request:
             tokens.extend(filler)
         if len(tokens) >= self.prompt_tokens:
             return tokens[:self.prompt_tokens]
-        tokens.append(-(self.request_id + 1))
+        tokens.append(-(self.request_id + 2))
         tokens.extend([0] * (self.prompt_tokens - len(tokens)))
         return tokens
 

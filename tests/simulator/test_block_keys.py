@@ -71,6 +71,9 @@ def test_private_blocks_are_no_other_requests(rows, block_size, segment_tokens) 
 
 
 CASES = [
+    # Small blocks and a full pool: where requests 0 and 1 once shared a token hash (-1 hashes as -2).
+    ("synthetic:num=80,input=uniform(20,300),output=uniform(1,400),rate=20",
+     dict(block_size=4, max_num_seqs=64, max_num_batched_tokens=256, num_gpu_blocks=2000)),
     ("synthetic:prefixes=3,prefix_len=200,users=40,input=uniform(5,50),output=uniform(5,200),rate=25",
      dict(replicas=2, router="prefix_affinity")),
     ("synthetic:num=200,input=uniform(20,900),output=uniform(1,300),rate=inf", dict(num_gpu_blocks=400,
