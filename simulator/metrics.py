@@ -152,7 +152,8 @@ class Recorder:
                                                        "reason"])
             rej["status"] = "rejected"
             rej["replica"] = -1
-            df = pd.concat([df, rej], ignore_index=True) if len(df) else rej
+            # With every request rejected, theirs are the only rows (the finished rows' columns empty).
+            df = pd.concat([df, rej], ignore_index=True) if len(df) else rej.reindex(columns=df.columns)
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
         df["ttft_s"] = df["first_token_s"] - df["arrival_s"]

@@ -198,3 +198,14 @@ def test_a_finished_run_leaves_its_block_pools_to_reference_counting() -> None:
         gc.enable()
     assert result.summary["num_finished"] == 60
     assert alive == 0
+
+
+def test_a_workload_with_every_request_rejected_reports_each_one() -> None:
+    """Nothing fits max_model_len: every request is a rejected row with its reason (not a crash on
+    the finished rows' missing columns), whichever way the replicas are simulated."""
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=2, max_model_len=256)
+    for workers in (1, 2):
+        result = simulate(config, load_workload("synthetic:num=12,input=500,output=500,rate=5"), workers=workers)
+        assert (result.requests["status"] == "rejected").all() and len(result.requests) == 12
+        assert result.requests["reason"].str.contains("exceeds max_model_len=256").all()
+        assert result.requests["ttft_s"].isna().all() and result.summary["throughput"]["requests_per_s"] == 0.0
