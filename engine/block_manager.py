@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import islice, repeat
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 from typing import NamedTuple
 
 from engine.sequence import Sequence
@@ -319,17 +319,17 @@ class BlockManager:
 
     def next_free_blocks(self, count: int) -> list[int]:
         """The first `count` free blocks in eviction order (those handed out next), left in place."""
-        blocks = list(islice(self._front, count))
-        if len(blocks) < count:
-            blocks.extend(range(self._next_unused, min(self.num_blocks, self._next_unused + count - len(blocks))))
+        return list(islice(self._free_in_order(), count))
+
+    def _free_in_order(self) -> Iterator[int]:
+        """The free blocks in the order they are handed out, read lazily."""
+        yield from self._front
+        yield from range(self._next_unused, self.num_blocks)
         for key, run in self._back.items():
-            if len(blocks) >= count:
-                break
             if run is None:
-                blocks.append(key)
+                yield key
             else:
-                blocks.extend(islice(reversed(run), count - len(blocks)))
-        return blocks
+                yield from reversed(run)
 
     def allocate_block(self, seq: Sequence) -> None:
         """Give the sequence one new block, the next free one in eviction order; the caller knows the
@@ -467,8 +467,7 @@ class BlockManager:
 
     def free_order(self) -> list[int]:
         """The free blocks in the order they are handed out."""
-        back = [b for key, run in self._back.items() for b in ([key] if run is None else reversed(run))]
-        return [*self._front, *range(self._next_unused, self.num_blocks), *back]
+        return list(self._free_in_order())
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the pool's accounting is inconsistent (for tests)."""

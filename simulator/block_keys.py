@@ -33,12 +33,9 @@ class BlockKeys:
         if request.request_id in self._request_ids:
             return None
         self._request_ids.add(request.request_id)
-        if not request.segments or request.segment_tokens <= 0:
-            return 0
-        shared_tokens = len(request.segments) * request.segment_tokens
-        if request.prompt_tokens <= shared_tokens:
-            return None  # all segments: its later blocks (decoded zeros) match any such request's
-        return shared_tokens // self.block_size  # the block the tail opens in
+        tail = _unique_tail_start(request)
+        # No tail (all segments): its later blocks, decoded zeros, match any such request's.
+        return None if tail is None else tail // self.block_size  # the block the tail opens in
 
     def of(self, request: Request) -> list[int]:
         """Keys of every full block the request can fill (its prompt and all its output)."""
@@ -49,15 +46,15 @@ class BlockKeys:
                              f"exact block keys number at most {1 << POSITION_BITS}: use a larger block_size")
         # Unique keys are negative, chain keys are not: the two can never meet.
         unique_base = -((request.request_id + 1) << POSITION_BITS)
-        segment_tokens, prompt_tokens = request.segment_tokens, request.prompt_tokens
-        if not request.segments or segment_tokens <= 0:
+        tail = _unique_tail_start(request)
+        if tail == 0:
             return list(range(unique_base, unique_base - num_blocks, -1))
-        shared_tokens = len(request.segments) * segment_tokens
+        segment_tokens, prompt_tokens = request.segment_tokens, request.prompt_tokens
         chains = self._chain_numbers(request.segments)
         keys = []
         for i in range(num_blocks):
             end = (i + 1) * bs  # tokens through block i
-            if prompt_tokens > shared_tokens and end > shared_tokens:
+            if tail is not None and end > tail:
                 keys.extend(range(unique_base - i, unique_base - num_blocks, -1))  # the unique tail from here on
                 break
             opened = -(-min(prompt_tokens, end) // segment_tokens)  # segments that open within them
@@ -71,3 +68,12 @@ class BlockKeys:
             parent = chains.setdefault((parent, segment), len(chains))
             numbers.append(parent)
         return numbers
+
+
+def _unique_tail_start(request: Request) -> int | None:
+    """Where the request's unique tail starts (a token position), or None when its prompt is all
+    shared segments."""
+    if not request.segments or request.segment_tokens <= 0:
+        return 0
+    shared_tokens = len(request.segments) * request.segment_tokens
+    return shared_tokens if request.prompt_tokens > shared_tokens else None
