@@ -109,7 +109,8 @@ def validate_command(
         return
     show = Table(title=f"simulator vs engine ({info['num_requests']} requests per level; capacity "
                        f"{info['capacity_requests_per_s']:.2f} req/s predicted; median error over "
-                       f"{info['repeats']} repeats (range))")
+                       f"{info['repeats']} repeats (range; engine: how far its own farthest repeat of the "
+                       f"same requests lies from their median))")
     show.add_column("metric")
     for r in results:
         show.add_column(f"{r.level} ({r.rate_per_s:.2f} req/s)", justify="right")
@@ -119,7 +120,8 @@ def validate_command(
         for r in results:
             e, (low, high) = r.errors[metric], r.error_range[metric]
             ok = abs(e) <= table[(table.metric == metric)].iloc[0]["target"]
-            spread = f" [dim]({low:+.0%}..{high:+.0%})[/]" if len(r.repeats) > 1 else ""
+            spread = (f" [dim]({low:+.0%}..{high:+.0%}; engine ±{r.engine_spread[metric]:.0%})[/]"
+                      if len(r.repeats) > 1 else "")
             cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")
         show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
     Console(width=max(Console().width, 110)).print(show)

@@ -210,6 +210,14 @@ class LevelResult:
                 for k in self.repeats[0].errors}
 
     @property
+    def engine_spread(self) -> dict[str, float]:
+        """The engine against itself: how far the farthest repeat's measured value lies from the
+        repeats' median (relative). Every repeat replays the same requests at the same times, so
+        this is the machine's noise floor for that metric; 0 with one repeat."""
+        return {k: float(max(abs(r.measured[k] / m - 1) for r in self.repeats)) if m else math.nan
+                for k, m in self.measured.items()}
+
+    @property
     def steps(self) -> dict:
         numeric = [{k: v for k, v in r.steps.items() if isinstance(v, (int, float))} for r in self.repeats]
         keys = set.intersection(*(set(n) for n in numeric))
@@ -420,13 +428,15 @@ def step_errors(config: SimConfig, steps: list[tuple[list, float, float]], cost_
 
 
 def error_table(results: list[LevelResult]) -> pd.DataFrame:
-    """One row per level and metric: medians over the repeats, and the errors' range."""
+    """One row per level and metric: medians over the repeats, the errors' range, and the engine's
+    own spread over the repeats (LevelResult.engine_spread)."""
     rows = []
     for r in results:
-        measured, predicted, spread = r.measured, r.predicted, r.error_range
+        measured, predicted, spread, engine_spread = r.measured, r.predicted, r.error_range, r.engine_spread
         for metric, error in r.errors.items():
             rows.append({"level": r.level, "rate_per_s": r.rate_per_s, "metric": metric, "measured": measured[metric],
                          "predicted": predicted[metric], "error": error, "error_min": spread[metric][0],
-                         "error_max": spread[metric][1], "repeats": len(r.repeats), "target": target_of(metric),
+                         "error_max": spread[metric][1], "engine_spread": engine_spread[metric],
+                         "repeats": len(r.repeats), "target": target_of(metric),
                          "within_target": abs(error) <= target_of(metric)})
     return pd.DataFrame(rows)

@@ -91,6 +91,7 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     assert errors["measured"].gt(0).all() and errors["predicted"].gt(0).all()
     assert errors["repeats"].eq(2).all() and (errors["error_min"] <= errors["error"]).all()
     assert (errors["error"] <= errors["error_max"]).all()
+    assert errors["engine_spread"].ge(0).all()
     assert all(v["steps"] > 0 for v in report["step_time"].values())
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
 

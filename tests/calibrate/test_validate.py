@@ -1,0 +1,35 @@
+"""Aggregation of a validation level's repeats (calibrate/validate.py); the end-to-end run is
+tests/app/test_simulate_cli.py's validate test."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from calibrate.validate import LevelResult, Measurement, error_table
+
+
+def _measurement(measured: dict[str, float], predicted: dict[str, float]) -> Measurement:
+    return Measurement(measured, predicted, pd.DataFrame(), pd.DataFrame(), {"total_ratio": 1.0})
+
+
+def test_level_medians_error_range_and_engine_spread() -> None:
+    level = LevelResult("near saturation", 10.0, [
+        _measurement({"tpot_mean": 1.0, "throughput": 50.0}, {"tpot_mean": 0.9, "throughput": 50.0}),
+        _measurement({"tpot_mean": 1.1, "throughput": 50.0}, {"tpot_mean": 1.1, "throughput": 51.0}),
+        _measurement({"tpot_mean": 0.8, "throughput": 50.0}, {"tpot_mean": 0.9, "throughput": 49.0}),
+    ])
+    assert level.measured == {"tpot_mean": 1.0, "throughput": 50.0}
+    assert level.errors["tpot_mean"] == pytest.approx(0.0)  # median of -10%, 0%, +12.5%
+    assert level.error_range["tpot_mean"] == pytest.approx((-0.1, 0.125))
+    # The engine's own repeats of the same requests: the farthest (0.8) lies 20% from the median.
+    assert level.engine_spread == pytest.approx({"tpot_mean": 0.2, "throughput": 0.0})
+    table = error_table([level]).set_index("metric")
+    assert table.loc["tpot_mean", "engine_spread"] == pytest.approx(0.2)
+    assert table.loc["tpot_mean", "within_target"] and not math.isnan(table.loc["throughput", "engine_spread"])
+
+
+def test_one_repeat_has_no_engine_spread() -> None:
+    level = LevelResult("light", 1.0, [_measurement({"ttft_p99": 0.3}, {"ttft_p99": 0.33})])
+    assert level.engine_spread == {"ttft_p99": 0.0}
+    assert level.errors["ttft_p99"] == pytest.approx(0.1)
