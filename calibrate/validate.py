@@ -47,6 +47,17 @@ TARGETS = {"throughput": 0.05, "tpot_mean": 0.05}  # everything else: 0.10
 CALIBRATION_LOADS = ((0.3, 0.125), (0.9, 0.25), (1.5, 0.25), (math.inf, 0.375))
 
 
+def calibration_order(half: int) -> list[tuple[int, tuple[float, float]]]:
+    """(index, CALIBRATION_LOADS entry) in the order a half replays them: the half before the level
+    in order, the half after it mirrored (the burst on both sides next to the level, the light
+    load farthest on both). Each load's two replays then sit equally far before and after the
+    level, so a steady drift of the machine's speed over the measurement (calibration before and
+    after a level have disagreed by up to 12%) averages out of every kind of step alike, not just
+    out of their sum."""
+    order = list(enumerate(CALIBRATION_LOADS))
+    return order if half == 0 else order[::-1]
+
+
 def target_of(metric: str) -> float:
     return TARGETS.get(metric, 0.10)
 
@@ -329,7 +340,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     def calibration_steps(half: int) -> list:
         """Engine steps of other requests (other seeds) at each CALIBRATION_LOADS load."""
         observed = []
-        for k, (load, share) in enumerate(CALIBRATION_LOADS):
+        for k, (load, share) in calibration_order(half):
             count = max(2, round(setup.calibration_requests * share / 2))  # half before, half after
             lengths_k = setup.lengths(count, setup.seed + seed_offset + 2 * k + half)
             calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")

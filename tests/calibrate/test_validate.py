@@ -33,3 +33,15 @@ def test_one_repeat_has_no_engine_spread() -> None:
     level = LevelResult("light", 1.0, [_measurement({"ttft_p99": 0.3}, {"ttft_p99": 0.33})])
     assert level.engine_spread == {"ttft_p99": 0.0}
     assert level.errors["ttft_p99"] == pytest.approx(0.1)
+
+
+def test_calibration_halves_mirror_around_the_level() -> None:
+    """Each calibration load is replayed as far before the level as after it."""
+    from calibrate.validate import CALIBRATION_LOADS, calibration_order
+
+    before, after = calibration_order(0), calibration_order(1)
+    assert sorted(before) == sorted(after) == list(enumerate(CALIBRATION_LOADS))
+    timeline = before + ["level"] + after
+    level = timeline.index("level")
+    for entry in before:
+        assert level - timeline.index(entry) == len(timeline) - 1 - timeline[::-1].index(entry) - level
