@@ -405,17 +405,29 @@ def step_observations(steps: list[tuple[list, float, float]], config: SimConfig,
 
     model = config.model_spec()
     out = []
-    for chunks, seconds, idle_s in steps:
+    for (chunks, seconds, idle_s), previous_tokens in zip(steps, previous_step_tokens(steps)):
         cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in chunks]
         host = cost_model.predict_step_overhead(len(cs)).time_s
         if idle_s > 0:
             host += cost_model.predict_idle_wakeup(idle_s).time_s
-        out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, seconds - host))
+        out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, seconds - host,
+                                   previous_tokens))
+    return out
+
+
+def previous_step_tokens(steps: list[tuple[list, float, float]]) -> list[int | None]:
+    """For each recorded step, the tokens of the step just before it, None where it came first or
+    after idle (the simulator's StepTimer.shape_change convention)."""
+    out, previous = [], None
+    for chunks, _, idle_s in steps:
+        out.append(None if idle_s > 0 else previous)
+        previous = sum(c.num_tokens for c in chunks)
     return out
 
 
 def step_errors(config: SimConfig, steps: list[tuple[list, float, float]], cost_model: CostModel) -> dict:
-    """The cost model's step time (with the wakeup after idle, as the simulator adds it) against
+    """The cost model's step time (with the wakeup after idle and the shape change, as the
+    simulator adds them) against
     every step the engine took: how much of the request-level error is step time (rather than
     scheduling dynamics)."""
     from simulator.step_timer import StepTimer
@@ -423,7 +435,9 @@ def step_errors(config: SimConfig, steps: list[tuple[list, float, float]], cost_
     model, _, _ = config.check()
     timer = StepTimer(cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
     measured = np.array([t for _, t, _ in steps])
-    predicted = np.array([timer.step(chunks) + timer.wakeup(idle_s) for chunks, _, idle_s in steps])
+    predicted = np.array([timer.step(chunks) + timer.wakeup(idle_s)
+                          + timer.shape_change(previous, sum(c.num_tokens for c in chunks))
+                          for (chunks, _, idle_s), previous in zip(steps, previous_step_tokens(steps))])
     decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _, _ in steps])
     after_idle = np.array([idle_s > 0 for _, _, idle_s in steps])
     out = {"steps": int(len(steps)), "total_ratio": float(predicted.sum() / measured.sum()),

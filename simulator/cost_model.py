@@ -56,6 +56,14 @@ VERIFY_TERMS = ("step_per_verify_s", "layer_per_verify_s")
 # A mixture-of-experts layer's host work beyond its operators (the engine's per-expert loop: Python
 # and dispatch per layer and per expert touched). Fitted only where MoE steps were observed.
 MOE_TERMS = ("moe_layer_s", "moe_layer_per_expert_s")
+# A step whose token count differs from the step just before it (no idle between) takes longer
+# than the same step repeated, which is how the profile times its whole forwards. On a 2-core
+# CPU, fitted without this term, decodes of 1-3 requests right after a 128-256-token prefill chunk
+# ran 16 % over the fit, prefill chunks right after decodes 6 % (18,826 engine steps of six
+# `servecast validate` measurements). The cost: a constant per change of token count plus a part
+# per doubling (or halving) of it. Fitted only where engine steps were observed in order (the
+# validation's calibration replays), zero otherwise.
+SHAPE_CHANGE_TERMS = ("step_per_shape_change_s", "step_per_shape_doubling_s")
 PROVENANCES = ("measured", "interpolated", "fitted", "extrapolated")
 
 
@@ -89,6 +97,9 @@ class StepObservation:
     dtype: str
     block_size: int | None
     forward_s: float
+    # Tokens of the step just before it, when it followed one without idling (SHAPE_CHANGE_TERMS);
+    # None: unknown, after idle, or repeated back to back as the profile's forwards are.
+    previous_tokens: int | None = None
 
 
 @dataclass
@@ -584,6 +595,16 @@ class CostModel:
                                                                          layers, verifying, moe)
         return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
 
+    def predict_shape_change(self, previous_tokens: int | None, tokens: int) -> Prediction:
+        """Extra time of a step of `tokens` tokens right after one of previous_tokens
+        (SHAPE_CHANGE_TERMS); zero where they were not fitted, or without a previous step."""
+        f = self.framework
+        if "step_per_shape_change_s" not in f:
+            return Prediction(0.0, "extrapolated", 0.0)
+        changed, doublings = shape_change_features(previous_tokens, tokens)
+        return Prediction(changed * f["step_per_shape_change_s"] + doublings * f["step_per_shape_doubling_s"],
+                          "fitted", self.errors.get("fitted", 0.15))
+
     def fit_framework(self, profile: Profile, steps: Sequence[StepObservation] = ()) -> None:
         """Non-negative least squares of measured whole steps -- the profile's forward points, and
         any engine steps observed on this device (steps) -- on the sum of their operators'
@@ -603,7 +624,7 @@ class CostModel:
             step = [Chunk(p["q_len"], kv) for kv in forward_contexts(p)] + (
                 [Chunk(p["extra_q"], p["extra_kv"])] if p["extra_q"] else [])
             observations.append(StepObservation(step, spec, p["dtype"], p["block_size"], m.time_s))
-        rows, measured, has_prefill, chunk_counts, verify_rows, moe_rows = [], [], [], [], [], []
+        rows, measured, has_prefill, chunk_counts, verify_rows, moe_rows, shape_rows = [], [], [], [], [], [], []
         for o in observations:
             ops = self.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
             chunks, tokens, prefills, groups, verifying = host_features(o.chunks, o.block_size)
@@ -612,6 +633,7 @@ class CostModel:
             rows.append([ops, *features, *(layers * x for x in features)])
             verify_rows.append([verifying, layers * verifying])
             moe_rows.append(list(moe_host_features(o.model, tokens)))
+            shape_rows.append(list(shape_change_features(o.previous_tokens, tokens)))
             measured.append(o.forward_s)
             has_prefill.append(prefills > 0)
             chunk_counts.append(chunks)
@@ -622,6 +644,9 @@ class CostModel:
         if any(m for m, _ in moe_rows):
             rows = [row + m for row, m in zip(rows, moe_rows)]
             terms = terms + MOE_TERMS
+        if any(changed for changed, _ in shape_rows):
+            rows = [row + c for row, c in zip(rows, shape_rows)]
+            terms = terms + SHAPE_CHANGE_TERMS
         if len(rows) < 2 * len(FRAMEWORK_TERMS):
             return
         # Relative errors (each row divided by its time): small decode steps, which set TPOT, weigh
@@ -652,7 +677,8 @@ class CostModel:
                    "attention_verify": self.predict_attention_verify, "elementwise": self.predict_elementwise,
                    "kv_write": self.predict_kv_write, "sample": self.predict_sample,
                    "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead,
-                   "framework": self.predict_framework, "idle_wakeup": self.predict_idle_wakeup}
+                   "framework": self.predict_framework, "idle_wakeup": self.predict_idle_wakeup,
+                   "shape_change": self.predict_shape_change}
         if op not in methods:
             raise ValueError(f"unknown operator {op!r}; known: {', '.join(methods)}")
         return methods[op](**params)
@@ -977,6 +1003,14 @@ def framework_overhead(f: dict[str, float], num_chunks: int, prefill_chunks: int
     if moe[0] and "moe_layer_s" in f:
         t += f["moe_layer_s"] * moe[0] + f["moe_layer_per_expert_s"] * moe[1]
     return t
+
+
+def shape_change_features(previous_tokens: int | None, tokens: int) -> tuple[float, float]:
+    """What SHAPE_CHANGE_TERMS scale with: (1 if the token count changed from the previous step,
+    how many doublings or halvings apart they are); (0, 0) without a previous step."""
+    if previous_tokens is None or previous_tokens == tokens or previous_tokens <= 0 or tokens <= 0:
+        return 0.0, 0.0
+    return 1.0, abs(math.log2(tokens / previous_tokens))
 
 
 def moe_host_features(model: ModelSpec, tokens: int) -> tuple[float, float]:

@@ -60,6 +60,9 @@ class _VirtualEngine:
     process: simpy.Process | None = None
     loop: Generator | None = None  # the step loop the process runs
     in_steady_run: bool = False  # waiting out a planned steady decode run (an arrival interrupts it)
+    # Tokens of the step just taken (StepTimer.shape_change); None after idle. Kept only where the
+    # timer charges shape changes.
+    previous_tokens: int | None = None
 
 
 class Replica:
@@ -140,6 +143,7 @@ class Replica:
                 yield engine.wakeup
                 engine.wakeup = None
                 cold_s = timer.wakeup(env.now - idle_from)
+                engine.previous_tokens = None
             now = env.now
             while scheduler.has_unfinished():
                 out = scheduler.schedule(now)
@@ -147,6 +151,10 @@ class Replica:
                     break  # nothing admissible until something arrives
                 step_s = timer.step(out.chunks) + cold_s
                 cold_s = 0.0
+                if timer.times_shape_changes:
+                    tokens = sum(c.num_tokens for c in out.chunks)
+                    step_s += timer.shape_change(engine.previous_tokens, tokens)
+                    engine.previous_tokens = tokens
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas
                 accepted = None
                 if self.speculation is not None:  # drafts proposed before the step, accepted by it
@@ -170,6 +178,7 @@ class Replica:
                 engine.wakeup = env.event()
                 yield engine.wakeup
                 engine.wakeup = None
+                engine.previous_tokens = None
 
     def _steady_runs(self, engine: _VirtualEngine, now: float):
         """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
@@ -185,7 +194,8 @@ class Replica:
             if steps <= 0:
                 return now
             batch = len(scheduler.running)
-            run = self.timer.plan_steady_run(scheduler.running, steps, now, context)
+            first_extra_s = self.timer.shape_change(engine.previous_tokens, batch)
+            run = self.timer.plan_steady_run(scheduler.running, steps, now, context, first_extra_s)
             # Timed as far as the next arrival (which ends the run if it comes here), then further
             # if it went elsewhere: runs are often cut short, and timing a step is a cost.
             run.plan_until(self.clock.next_arrival_s)
@@ -210,6 +220,7 @@ class Replica:
                 # does: its finishes must not show before that step ends (the router reads them).
                 yield env.timeout(ends[taken - 1] - env.now)
             run.commit(taken)
+            engine.previous_tokens = batch
             times = ends[:taken]
             finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
             self.busy_s += times[-1] - now

@@ -19,7 +19,8 @@ from typing import ClassVar, NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
-from simulator.cost_model import WEIGHT_BYTES, CostModel, StepCost, framework_overhead, moe_host_features
+from simulator.cost_model import (WEIGHT_BYTES, CostModel, StepCost, framework_overhead, moe_host_features,
+                                  shape_change_features)
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import DTYPE_BYTES
 from simulator.expert_routing import step_load
@@ -67,6 +68,11 @@ class StepTimer:
         self._layers = self.model.num_layers
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
+        framework = self.cost_model.framework
+        self._shape_change_s = (framework.get("step_per_shape_change_s", 0.0),
+                                framework.get("step_per_shape_doubling_s", 0.0))
+        # Whether shape_change can be nonzero: replicas count each step's tokens only then.
+        self.times_shape_changes = any(self._shape_change_s)
         self._tokens: dict[int, tuple[float, float]] = {}
         # The token-proportional operators' sums with their lookups hoisted (None: MoE models).
         self._token_ops_timer = self.cost_model.token_ops_timer(self.model, self.tp, self.dtype, self.weight_dtype)
@@ -227,30 +233,40 @@ class StepTimer:
         """Extra time of the first step after idle_s seconds without work (profiled devices)."""
         return self.cost_model.predict_idle_wakeup(idle_s).time_s if idle_s > 0 else 0.0
 
-    def plan_steady_run(self, running, steps: int, start_s: float, context: int | None = None) -> "SteadyRun":
+    def shape_change(self, previous_tokens: int | None, tokens: int) -> float:
+        """Extra time of a step of `tokens` tokens right after one of previous_tokens (None: after
+        idle, or the first step): CostModel.predict_shape_change. Not added to `split`, like wakeup."""
+        if not self.times_shape_changes:
+            return 0.0
+        changed, doublings = shape_change_features(previous_tokens, tokens)
+        return changed * self._shape_change_s[0] + doublings * self._shape_change_s[1]
+
+    def plan_steady_run(self, running, steps: int, start_s: float, context: int | None = None,
+                        first_extra_s: float = 0.0) -> "SteadyRun":
         """Up to `steps` steady decode steps from start_s (each running request decoding one token
         per step), timed as the caller asks for them (SteadyRun.plan, plan_until) and booked when it
         commits as many as it ends up taking (a replica whose run an arrival cuts short takes
-        fewer). Each step's time is step()'s to the last bit; committed steps add to `split` as
-        step() would (its sums may differ in rounding)."""
+        fewer). Each step's time is step()'s to the last bit, the first one's plus first_extra_s
+        (its shape_change); committed steps add to `split` as step() would (its sums may differ
+        in rounding)."""
         self.last_sampled = len(running)
         if self._pads:  # the engine's padded groups depend on every context: build each step
-            return self._padded_steady_run(running, steps, start_s)
+            return self._padded_steady_run(running, steps, start_s, first_extra_s)
         n = len(running)
         if context is None:  # the first step's total decode context, unless the caller summed it
             context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
         return _UniformSteadyRun(self, n, context, steps, start_s,
-                                 self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1))
+                                 self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1), first_extra_s)
 
-    def _padded_steady_run(self, running, steps: int, start_s: float) -> "SteadyRun":
+    def _padded_steady_run(self, running, steps: int, start_s: float, first_extra_s: float) -> "SteadyRun":
         times: list[float] = []
         parts_of_steps: list[_StepParts] = []
         now = start_s
         for k in range(steps):
             parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
                                  for s in running])
-            now += parts.total_s
+            now += parts.total_s + first_extra_s if k == 0 else parts.total_s
             times.append(now)
             parts_of_steps.append(parts)
         return _PaddedSteadyRun(self, steps, times, parts_of_steps)
@@ -357,9 +373,11 @@ class _UniformSteadyRun(SteadyRun):
     """Unpadded decode attention: the steps differ only in their decode attention, over n more
     keys each step. Steps are timed as asked: a run is often cut short by an arrival."""
 
-    def __init__(self, timer: StepTimer, n: int, context: int, steps: int, start_s: float, base: "_StepParts") -> None:
+    def __init__(self, timer: StepTimer, n: int, context: int, steps: int, start_s: float, base: "_StepParts",
+                 first_extra_s: float = 0.0) -> None:
         super().__init__(timer, steps, [])
         self.n, self.first_context, self.context, self.now, self.base = n, context, context, start_s, base
+        self.first_extra_s = first_extra_s
         self.decode_times: list[float] = []
         self._time(1, math.inf)
 
@@ -380,7 +398,8 @@ class _UniformSteadyRun(SteadyRun):
             decode_s = timer.decode_attention(n, context)
             if scale != 1.0:
                 decode_s = decode_s * scale
-            now += compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
+            step_s = compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
+            now += step_s + self.first_extra_s if not times else step_s
             times.append(now)
             decode_times.append(decode_s)
             context += n

@@ -45,3 +45,15 @@ def test_calibration_halves_mirror_around_the_level() -> None:
     level = timeline.index("level")
     for entry in before:
         assert level - timeline.index(entry) == len(timeline) - 1 - timeline[::-1].index(entry) - level
+
+
+def test_previous_step_tokens_restart_after_idle() -> None:
+    from types import SimpleNamespace
+
+    from calibrate.validate import previous_step_tokens
+
+    def step(*tokens: int, idle_s: float = 0.0):
+        return [SimpleNamespace(num_tokens=t) for t in tokens], 0.01, idle_s
+
+    steps = [step(128, 1), step(1, 1), step(1, 1, 1), step(64, idle_s=0.2), step(1)]
+    assert previous_step_tokens(steps) == [None, 129, 2, None, 64]

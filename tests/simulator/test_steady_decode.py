@@ -108,3 +108,40 @@ def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
     run.commit(60)
     assert split_run.split.steps == split_stepper.steps == 60
     assert split_run.split.decode_s == pytest.approx(split_stepper.decode_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, tmp_path) -> None:
+    """A calibrated cost model charges a step whose token count changed (StepTimer.shape_change):
+    a bulk run's first step carries it after a prefill or a finish, as stepping does."""
+    import json
+
+    from simulator.cost_model import FRAMEWORK_TERMS, CostModel
+
+    if profiled:  # the padded path
+        from calibrate.profile import Profiler, ProfileGrid
+        from engine.config import ModelConfig
+
+        model = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
+        (tmp_path / "config.json").write_text(json.dumps(model))
+        Profiler(ModelConfig.from_hf(model), grid=ProfileGrid.quick()).run(tmp_path / "p.jsonl")
+        config = SimConfig(model=str(tmp_path / "config.json"), hardware="cpu-local", profile=str(tmp_path / "p.jsonl"),
+                           quant="fp32", num_gpu_blocks=256, max_model_len=512)
+        spec = "synthetic:num=80,input=uniform(10,200),output=uniform(5,150),rate=200"
+    else:
+        config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb")
+        spec = "synthetic:num=200,input=uniform(20,900),output=uniform(1,300),rate=30"
+
+    def charged() -> CostModel:
+        cost_model = CostModel.load(config.hardware, profile=config.profile)
+        cost_model.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0,
+                                **cost_model.framework,
+                                "step_per_shape_change_s": 2e-3, "step_per_shape_doubling_s": 1e-3}
+        return cost_model
+
+    bulk = simulate(config, load_workload(spec, seed=3), cost_model=charged())
+    stepwise = simulate(config, load_workload(spec, seed=3), cost_model=charged(), bulk_decodes=False)
+    pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
+    plain = simulate(config, load_workload(spec, seed=3))
+    assert bulk.requests["e2e_s"].mean() > plain.requests["e2e_s"].mean()  # the charge is there
