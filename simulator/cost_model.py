@@ -609,7 +609,8 @@ class CostModel:
         """Non-negative least squares of measured whole steps -- the profile's forward points, and
         any engine steps observed on this device (steps) -- on the sum of their operators'
         predictions (scaled) plus per-step and per-layer terms in chunks, prefill chunks, decode
-        attention groups and tokens."""
+        attention groups and tokens; and where steps were observed in order (previous_tokens), what
+        a change of step shape costs (SHAPE_CHANGE_TERMS)."""
         from scipy.optimize import nnls
 
         observations = list(steps)
