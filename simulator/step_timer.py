@@ -69,8 +69,7 @@ class StepTimer:
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
         framework = self.cost_model.framework
-        self._shape_change_s = (framework.get("step_per_shape_change_s", 0.0),
-                                framework.get("step_per_shape_doubling_s", 0.0))
+        self._shape_change_s = (framework.get("step_per_halving_s", 0.0), framework.get("step_per_doubling_s", 0.0))
         # Whether shape_change can be nonzero: replicas count each step's tokens only then.
         self.times_shape_changes = any(self._shape_change_s)
         self._tokens: dict[int, tuple[float, float]] = {}
@@ -238,8 +237,8 @@ class StepTimer:
         idle, or the first step): CostModel.predict_shape_change. Not added to `split`, like wakeup."""
         if not self.times_shape_changes:
             return 0.0
-        changed, doublings = shape_change_features(previous_tokens, tokens)
-        return changed * self._shape_change_s[0] + doublings * self._shape_change_s[1]
+        halvings, doublings = shape_change_features(previous_tokens, tokens)
+        return halvings * self._shape_change_s[0] + doublings * self._shape_change_s[1]
 
     def plan_steady_run(self, running, steps: int, start_s: float, context: int | None = None,
                         first_extra_s: float = 0.0) -> "SteadyRun":

@@ -198,15 +198,16 @@ def test_mixture_of_experts_models_keep_the_full_token_ops_path() -> None:
 
 def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
     """Engine steps observed in order: a step whose token count differs from the one before
-    costs a constant plus a part per doubling. The fit finds both; steps repeated back to back
-    (previous_tokens None or equal) fit as before, and no shape terms appear without changes."""
+    costs a part per halving and a part per doubling of it. The fit finds both; steps repeated
+    back to back (previous_tokens None or equal) fit as before, and no shape terms appear without
+    changes."""
     import numpy as np
 
     from simulator.cost_model import SHAPE_CHANGE_TERMS, StepObservation, shape_change_features
 
     model = load_model("llama-3.1-8b")
     cm = CostModel.load("a100-80gb")
-    per_change_s, per_doubling_s = 300e-6, 150e-6
+    per_halving_s, per_doubling_s = 100e-6, 250e-6
     rng = np.random.default_rng(1)
     sizes = [1, 2, 3, 4, 8, 16, 64, 256]
     steps, previous = [], None
@@ -214,15 +215,16 @@ def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
         tokens = int(rng.choice(sizes)) if rng.random() < 0.3 or previous is None else previous
         chunks = [Chunk(1, 300)] * tokens if tokens <= 16 else [Chunk(tokens, tokens)]
         ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
-        changed, doublings = shape_change_features(previous, tokens)
+        halvings, doublings = shape_change_features(previous, tokens)
         steps.append(StepObservation(chunks, model, "bf16", None,
-                                     ops + 40e-6 + changed * per_change_s + doublings * per_doubling_s, previous))
+                                     ops + 40e-6 + halvings * per_halving_s + doublings * per_doubling_s, previous))
         previous = tokens
     fitted = CostModel.load("a100-80gb")
     fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
-    assert fitted.framework["step_per_shape_change_s"] == pytest.approx(per_change_s, rel=0.05)
-    assert fitted.framework["step_per_shape_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
-    assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(per_change_s + 8 * per_doubling_s, rel=0.05)
+    assert fitted.framework["step_per_halving_s"] == pytest.approx(per_halving_s, rel=0.05)
+    assert fitted.framework["step_per_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
+    assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
+    assert fitted.predict_shape_change(2, 8).time_s == pytest.approx(2 * per_doubling_s, rel=0.05)
     assert fitted.predict_shape_change(4, 4).time_s == 0.0 and fitted.predict_shape_change(None, 4).time_s == 0.0
 
     repeated = [StepObservation(o.chunks, o.model, o.dtype, o.block_size, o.forward_s) for o in steps]

@@ -137,7 +137,7 @@ def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, t
         cost_model = CostModel.load(config.hardware, profile=config.profile)
         cost_model.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0,
                                 **cost_model.framework,
-                                "step_per_shape_change_s": 2e-3, "step_per_shape_doubling_s": 1e-3}
+                                "step_per_halving_s": 2e-3, "step_per_doubling_s": 1e-3}
         return cost_model
 
     bulk = simulate(config, load_workload(spec, seed=3), cost_model=charged())
