@@ -152,7 +152,7 @@ class Replica:
                 step_s = timer.step(out.chunks) + cold_s
                 cold_s = 0.0
                 if timer.times_shape_changes:
-                    tokens = sum(c.num_tokens for c in out.chunks)
+                    tokens = out.num_batched_tokens
                     step_s += timer.shape_change(engine.previous_tokens, tokens)
                     engine.previous_tokens = tokens
                 sampled = timer.last_sampled  # read now: the timer is shared with other replicas

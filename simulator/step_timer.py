@@ -19,8 +19,8 @@ from typing import ClassVar, NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
-from simulator.cost_model import (WEIGHT_BYTES, CostModel, StepCost, framework_overhead, moe_host_features,
-                                  shape_change_features)
+from simulator.cost_model import (SHAPE_CHANGE_TERMS, WEIGHT_BYTES, CostModel, StepCost, framework_overhead,
+                                  moe_host_features)
 from simulator.catalog.models import ModelSpec
 from simulator.efficiency import DTYPE_BYTES
 from simulator.expert_routing import step_load
@@ -68,10 +68,8 @@ class StepTimer:
         self._layers = self.model.num_layers
         self._pads = self.cost_model.pads_decodes
         self._operator_scale = self.cost_model.framework.get("operator_scale", 1.0)
-        framework = self.cost_model.framework
-        self._shape_change_s = (framework.get("step_per_halving_s", 0.0), framework.get("step_per_doubling_s", 0.0))
         # Whether shape_change can be nonzero: replicas count each step's tokens only then.
-        self.times_shape_changes = any(self._shape_change_s)
+        self.times_shape_changes = any(self.cost_model.framework.get(term) for term in SHAPE_CHANGE_TERMS)
         self._tokens: dict[int, tuple[float, float]] = {}
         # The token-proportional operators' sums with their lookups hoisted (None: MoE models).
         self._token_ops_timer = self.cost_model.token_ops_timer(self.model, self.tp, self.dtype, self.weight_dtype)
@@ -237,8 +235,7 @@ class StepTimer:
         idle, or the first step): CostModel.predict_shape_change. Not added to `split`, like wakeup."""
         if not self.times_shape_changes:
             return 0.0
-        halvings, doublings = shape_change_features(previous_tokens, tokens)
-        return halvings * self._shape_change_s[0] + doublings * self._shape_change_s[1]
+        return self.cost_model.predict_shape_change(previous_tokens, tokens).time_s
 
     def plan_steady_run(self, running, steps: int, start_s: float, context: int | None = None,
                         first_extra_s: float = 0.0) -> "SteadyRun":

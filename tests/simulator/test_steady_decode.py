@@ -33,19 +33,27 @@ def test_bulk_decode_runs_equal_step_by_step(spec, knobs) -> None:
         assert bulk.summary["preemptions"] > 0  # the case meant to exercise preemption does
 
 
-def test_bulk_decode_runs_equal_step_by_step_on_a_profiled_device(tmp_path) -> None:
-    """cpu-local mirrors the engine's padded decode groups: the other bulk path."""
+PROFILED_SPEC = "synthetic:num=80,input=uniform(10,200),output=uniform(5,150),rate=200"
+
+
+def _profiled_config(folder) -> SimConfig:
+    """A tiny model profiled on this CPU as cpu-local, whose decodes pad in groups as the engine's do."""
+    import json
+
     from calibrate.profile import Profiler, ProfileGrid
     from engine.config import ModelConfig
-    import json
 
     model = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
-    (tmp_path / "config.json").write_text(json.dumps(model))
-    Profiler(ModelConfig.from_hf(model), grid=ProfileGrid.quick()).run(tmp_path / "p.jsonl")
-    config = SimConfig(model=str(tmp_path / "config.json"), hardware="cpu-local", profile=str(tmp_path / "p.jsonl"),
-                       quant="fp32", num_gpu_blocks=256, max_model_len=512)
-    spec = "synthetic:num=80,input=uniform(10,200),output=uniform(5,150),rate=200"
+    (folder / "config.json").write_text(json.dumps(model))
+    Profiler(ModelConfig.from_hf(model), grid=ProfileGrid.quick()).run(folder / "p.jsonl")
+    return SimConfig(model=str(folder / "config.json"), hardware="cpu-local", profile=str(folder / "p.jsonl"),
+                     quant="fp32", num_gpu_blocks=256, max_model_len=512)
+
+
+def test_bulk_decode_runs_equal_step_by_step_on_a_profiled_device(tmp_path) -> None:
+    """cpu-local mirrors the engine's padded decode groups: the other bulk path."""
+    config, spec = _profiled_config(tmp_path), PROFILED_SPEC
     bulk = simulate(config, load_workload(spec))
     stepwise = simulate(config, load_workload(spec), bulk_decodes=False)
     pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
@@ -114,21 +122,10 @@ def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
 def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, tmp_path) -> None:
     """A calibrated cost model charges a step whose token count changed (StepTimer.shape_change):
     a bulk run's first step carries it after a prefill or a finish, as stepping does."""
-    import json
-
     from simulator.cost_model import FRAMEWORK_TERMS, CostModel
 
     if profiled:  # the padded path
-        from calibrate.profile import Profiler, ProfileGrid
-        from engine.config import ModelConfig
-
-        model = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
-        (tmp_path / "config.json").write_text(json.dumps(model))
-        Profiler(ModelConfig.from_hf(model), grid=ProfileGrid.quick()).run(tmp_path / "p.jsonl")
-        config = SimConfig(model=str(tmp_path / "config.json"), hardware="cpu-local", profile=str(tmp_path / "p.jsonl"),
-                           quant="fp32", num_gpu_blocks=256, max_model_len=512)
-        spec = "synthetic:num=80,input=uniform(10,200),output=uniform(5,150),rate=200"
+        config, spec = _profiled_config(tmp_path), PROFILED_SPEC
     else:
         config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb")
         spec = "synthetic:num=200,input=uniform(20,900),output=uniform(1,300),rate=30"
