@@ -52,6 +52,11 @@ FORWARD_POOL_FACTOR = 4
 @dataclass(frozen=True)
 class ProfileGrid:
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    # GEMMs are also timed at every row count up to this one. A decode step of b sequences runs its
+    # GEMMs at exactly b rows, and GEMM time steps with the rows rather than growing smoothly (on a
+    # 2-core EPYC, weights from memory: 7 rows cost a quarter more than 6, 4-6 rows less than 2-3),
+    # so these are measured where the batch sizes are, not interpolated across a step.
+    gemm_every_row_up_to: int = 32
     prefill_q: tuple[int, ...] = (16, 64, 256)
     # Attention kernels' efficiency depends on head_dim, which no other axis stands in for: attention
     # is also profiled at these head dims (same query and KV widths as the model, where they divide).
@@ -106,12 +111,18 @@ class ProfileGrid:
         kv = cls.decode_kv
         if max_context is not None:  # 64, 256, 1024, ... up to max_context
             kv = tuple(64 * 4**i for i in range(10) if 64 * 4**i <= max_context) or (max_context,)
-        return cls(tokens=tuple(tokens), prefill_q=q, decode_kv=kv)
+        return cls(tokens=tuple(tokens), prefill_q=q, decode_kv=kv,
+                   gemm_every_row_up_to=min(cls.gemm_every_row_up_to, max_batched_tokens))
+
+    @property
+    def gemm_rows(self) -> tuple[int, ...]:
+        """Row counts the GEMMs are timed at: the token grid and every count up to gemm_every_row_up_to."""
+        return tuple(sorted(set(self.tokens) | set(range(1, self.gemm_every_row_up_to + 1))))
 
     @classmethod
     def quick(cls) -> "ProfileGrid":
         """A small grid for tests: seconds, not minutes."""
-        return cls(tokens=(1, 8, 64), prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
+        return cls(tokens=(1, 8, 64), gemm_every_row_up_to=0, prefill_q=(16,), prefill_kv_multiples=(1, 2), decode_batch=(1, 4),
                    decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
                    attention_groups=(), forward_layers=(1, 2), idle_ms=(5,), verify_q=(3,))
 
@@ -212,7 +223,7 @@ class Profiler:
                   "gate_up_proj": (2 * c.intermediate_size, c.hidden_size),
                   "down_proj": (c.hidden_size, c.intermediate_size), "lm_head": (c.vocab_size, c.hidden_size)}
         for name, (n, k) in shapes.items():
-            for m in g.tokens:
+            for m in g.gemm_rows:
                 plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
         for heads in self._attention_shapes():
             for q in g.prefill_q:
@@ -277,7 +288,7 @@ class Profiler:
             for name, (n, k) in shapes.items():
                 if mode == "int4" and k % g.quant_group_size:
                     continue
-                for m in g.tokens:
+                for m in g.gemm_rows:
                     plan.append(("gemm_quant", dict(name=name, m=m, n=n, k=k, dtype=d, weight_dtype=mode,
                                                     group_size=g.quant_group_size)))
         for kv_dtype in (("none",) + g.kv_quant) if g.kv_quant else ():

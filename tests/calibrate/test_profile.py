@@ -32,6 +32,20 @@ def test_profile_covers_every_operator_with_a_fingerprint(tiny_profile) -> None:
     assert all(m.time_s > 0 for m in profile.measurements)
 
 
+def test_gemms_are_planned_at_every_decode_batch_size() -> None:
+    """Decode batches run GEMMs at exactly their batch size in rows, so the budget's grid times
+    every row count up to 32 (capped by the budget), GEMMs only; other operators keep the grid."""
+    grid = ProfileGrid.for_budget(256, 512)
+    assert set(range(1, 33)) <= set(grid.gemm_rows) and set(grid.tokens) <= set(grid.gemm_rows)
+    assert 5 not in grid.tokens and 7 not in grid.tokens  # between the grid's points: measured, not interpolated
+    assert ProfileGrid.for_budget(8).gemm_rows == tuple(range(1, 9))
+    plan = Profiler(ModelConfig.from_hf(TINY), grid=grid).plan()
+    for name in ("qkv_proj", "lm_head"):
+        assert sorted(p["m"] for op, p in plan if op == "gemm" and p["name"] == name) == list(grid.gemm_rows)
+    assert sorted(p["tokens"] for op, p in plan if op == "kv_write") == list(grid.tokens)
+    assert ProfileGrid.quick().gemm_rows == ProfileGrid.quick().tokens
+
+
 def test_resume_measures_only_what_is_missing(tiny_profile, tmp_path) -> None:
     profile, path = tiny_profile
     lines = open(path).read().splitlines()
