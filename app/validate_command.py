@@ -37,6 +37,13 @@ def validation_report(path: Path, results, info: dict, table) -> None:
                  notes="Each point is one request, served by the real engine (x) and simulated (y).")
 
 
+def _brackets(steps: dict) -> str:
+    if "calibration_before_total_ratio" not in steps:
+        return ""
+    return (f" (calibration {steps['calibration_before_total_ratio']:.2f} before, "
+            f"{steps['calibration_after_total_ratio']:.2f} after)")
+
+
 def validate_command(
     model: Optional[str] = typer.Option(None, help="HF config.json of the model to serve (random weights); "
                                                    "default: the bundled small Llama"),
@@ -125,8 +132,10 @@ def validate_command(
             cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")
         show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
     Console(width=max(Console().width, 110)).print(show)
-    Console().print("step time, predicted / measured over the engine's own steps: " + "; ".join(
-        f"{r.level}: total {r.steps['total_ratio']:.2f}, median {r.steps['median_ratio']:.2f}" for r in results))
+    Console().print("step time, predicted / measured over the engine's own steps (and over the calibration "
+                    "steps just before and after, which the fit saw): " + "; ".join(
+        f"{r.level}: total {r.steps['total_ratio']:.2f}, median {r.steps['median_ratio']:.2f}" + _brackets(r.steps)
+        for r in results))
     Console().print("machine speed drift since profiling (forward re-measured before each level; >1 = slower now): "
                     + ", ".join(f"{r.level} {r.steps['machine_drift']:.2f}" for r in results))
     if out is not None:

@@ -337,6 +337,8 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
     steps = record_steps(engine)
 
+    halves: list[list] = [[], []]  # the recorded calibration steps before and after the level
+
     def calibration_steps(half: int) -> list:
         """Engine steps of other requests (other seeds) at each CALIBRATION_LOADS load."""
         observed = []
@@ -346,6 +348,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
             calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")
             first = len(steps)
             replay(engine, engine_requests(calibration, engine.model_config.vocab_size, setup.seed + 7))
+            halves[half] += steps[first:]
             observed += step_observations(steps[first:], level_config, level_model)
         return observed
 
@@ -363,8 +366,12 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     predicted: SimResult = simulate(level_config, workload, cost_model=level_model)
     if on_progress:
         on_progress(stage, 1, 1)
+    # The fitted model on each calibration half alone: how far the machine's speed moved across
+    # the measurement, and whether the level ran at the speed of the calibration around it.
+    brackets = {f"calibration_{name}_total_ratio": step_errors(level_config, half_steps, level_model)["total_ratio"]
+                for name, half_steps in zip(("before", "after"), halves) if half_steps}
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
-                       {**step_errors(level_config, level_steps, level_model), "machine_drift": drift})
+                       {**step_errors(level_config, level_steps, level_model), "machine_drift": drift, **brackets})
 
 
 def record_steps(engine) -> list[tuple[list, float, float]]:

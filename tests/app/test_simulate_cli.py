@@ -93,6 +93,9 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     assert (errors["error"] <= errors["error_max"]).all()
     assert errors["engine_spread"].ge(0).all()
     assert all(v["steps"] > 0 for v in report["step_time"].values())
+    # The fitted model on the calibration steps either side of each level, as a drift check.
+    assert all(v["calibration_before_total_ratio"] > 0 and v["calibration_after_total_ratio"] > 0
+               for v in report["step_time"].values())
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
 
 
