@@ -57,3 +57,24 @@ def test_previous_step_tokens_restart_after_idle() -> None:
 
     steps = [step(128, 1), step(1, 1), step(1, 1, 1), step(64, idle_s=0.2), step(1)]
     assert previous_step_tokens(steps) == [None, 129, 2, None, 64]
+
+
+def test_burn_in_serves_three_pools_of_blocks_and_leaves_the_engine_idle() -> None:
+    """The burn-in takes requests until they need BURN_IN_POOL_TURNS pools of KV blocks (the last
+    one crossing the line), serves them all, and records nothing."""
+    from calibrate.validate import BURN_IN_POOL_TURNS, ValidationSetup, burn_in
+    from engine import LLMEngine
+
+    model = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, vocab_size=64, max_position_embeddings=64)
+    setup = ValidationSetup(model=model, num_blocks=16, max_total_tokens=64, max_num_batched_tokens=64)
+    engine = LLMEngine.from_config(model, setup.engine_config(), seed=0)
+    fresh_order = engine.scheduler.block_manager.free_order()
+    served = burn_in(engine, setup, seed=5)
+    blocks = [-(-(p.prompt_tokens + p.output_tokens) // setup.block_size) for p in setup.lengths(served, 5)]
+    need = BURN_IN_POOL_TURNS * setup.num_blocks
+    assert sum(blocks) >= need > sum(blocks[:-1])
+    assert not engine.has_unfinished_requests()
+    # Every block is free again, but no longer handed out in the fresh engine's order.
+    assert sorted(engine.scheduler.block_manager.free_order()) == sorted(fresh_order)
+    assert engine.scheduler.block_manager.free_order() != fresh_order
