@@ -341,8 +341,6 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     burn_in(engine, setup, setup.seed + seed_offset + 50)
     steps = record_steps(engine)
 
-    halves: list[list] = [[], []]  # the recorded calibration steps before and after the level
-
     def calibration_steps(half: int) -> list:
         """Engine steps of other requests (other seeds) at each CALIBRATION_LOADS load."""
         observed = []
@@ -352,7 +350,6 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
             calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")
             first = len(steps)
             replay(engine, engine_requests(calibration, engine.model_config.vocab_size, setup.seed + 7))
-            halves[half] += steps[first:]
             observed += step_observations(steps[first:], level_config, level_model)
         return observed
 
@@ -372,8 +369,9 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
         on_progress(stage, 1, 1)
     # The fitted model on each calibration half alone: how far the machine's speed moved across
     # the measurement, and whether the level ran at the speed of the calibration around it.
+    halves = {"before": steps[:first], "after": steps[first + len(level_steps):]}
     brackets = {f"calibration_{name}_total_ratio": step_errors(level_config, half_steps, level_model)["total_ratio"]
-                for name, half_steps in zip(("before", "after"), halves) if half_steps}
+                for name, half_steps in halves.items() if half_steps}
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
                        {**step_errors(level_config, level_steps, level_model), "machine_drift": drift, **brackets})
 
@@ -387,10 +385,11 @@ def burn_in(engine, setup: ValidationSetup, seed: int) -> int:
     time a faster engine than the level and the calibration after it."""
     from engine.replay import replay
 
+    block_manager = engine.scheduler.block_manager
     need, blocks, chosen = BURN_IN_POOL_TURNS * setup.num_blocks, 0, []
     for pair in setup.lengths(need, seed):  # far more than needed: every request takes a block
         chosen.append(pair)
-        blocks += -(-(pair.prompt_tokens + pair.output_tokens) // setup.block_size)
+        blocks += block_manager.blocks_needed(pair.prompt_tokens + pair.output_tokens)
         if blocks >= need:
             break
     replay(engine, engine_requests(workload_at(chosen, math.inf, seed, "burn-in"), engine.model_config.vocab_size,

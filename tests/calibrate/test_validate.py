@@ -71,7 +71,8 @@ def test_burn_in_serves_three_pools_of_blocks_and_leaves_the_engine_idle() -> No
     engine = LLMEngine.from_config(model, setup.engine_config(), seed=0)
     fresh_order = engine.scheduler.block_manager.free_order()
     served = burn_in(engine, setup, seed=5)
-    blocks = [-(-(p.prompt_tokens + p.output_tokens) // setup.block_size) for p in setup.lengths(served, 5)]
+    blocks = [engine.scheduler.block_manager.blocks_needed(p.prompt_tokens + p.output_tokens)
+              for p in setup.lengths(served, 5)]
     need = BURN_IN_POOL_TURNS * setup.num_blocks
     assert sum(blocks) >= need > sum(blocks[:-1])
     assert not engine.has_unfinished_requests()
