@@ -112,7 +112,9 @@ def validate_command(
         validation_report(out / "report.html", results, info, table)
     if as_json:
         typer.echo(dumps({"info": info, "errors": table.to_dict(orient="records"),
-                          "step_time": {r.level: r.steps for r in results}}))
+                          "step_time": {r.level: r.steps for r in results},
+                          "repeats": {r.level: [{"errors": m.errors, "step_time": m.steps} for m in r.repeats]
+                                      for r in results}}))
         return
     show = Table(title=f"simulator vs engine ({info['num_requests']} requests per level; capacity "
                        f"{info['capacity_requests_per_s']:.2f} req/s predicted; median error over "

@@ -8,8 +8,9 @@ saturation, overloaded. The error of each metric is predicted / measured - 1.
 
 A shared machine's speed wanders by several percent over tens of seconds. So the framework terms
 are fitted, for every replay, on engine steps of *other* requests replayed just before and just
-after it (never on the replay's own steps), and each level is measured `repeats` times afresh; a
-level's error is the median over its repeats, and the spread is reported with it.
+after it (never on the replay's own steps), and each level is measured `repeats` times afresh, in
+rounds that measure every level once; a level's error is the median over its repeats, and the
+spread is reported with it.
 """
 
 from __future__ import annotations
@@ -299,20 +300,25 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     base_model = CostModel.load(config.hardware, profile=config.profile)
     capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
     capacity_rps = capacity.summary["throughput"]["requests_per_s"]
-    results = []
-    for level_index, (name, fraction) in enumerate(setup.levels.items()):
-        rate = fraction * capacity_rps
-        workload = workload_at(lengths, rate, setup.seed + 1, name)
-        repeats = []
-        for repeat in range(setup.repeats):
-            stage = name if setup.repeats == 1 else f"{name} ({repeat + 1}/{setup.repeats})"
-            repeats.append(_measure_level(setup, folder, profile, config, base_model, workload, capacity_rps,
-                                          1000 + 100 * level_index + 10 * repeat, stage, on_progress))
-        results.append(LevelResult(name, rate, repeats))
+    rates = {name: fraction * capacity_rps for name, fraction in setup.levels.items()}
+    workloads = {name: workload_at(lengths, rate, setup.seed + 1, name) for name, rate in rates.items()}
+    repeats: dict[str, list[Measurement]] = {name: [] for name in setup.levels}
+    for level_index, name, repeat in measurement_order(list(setup.levels), setup.repeats):
+        stage = name if setup.repeats == 1 else f"{name} ({repeat + 1}/{setup.repeats})"
+        repeats[name].append(_measure_level(setup, folder, profile, config, base_model, workloads[name], capacity_rps,
+                                            1000 + 100 * level_index + 10 * repeat, stage, on_progress))
+    results = [LevelResult(name, rates[name], repeats[name]) for name in setup.levels]
     info = {"capacity_requests_per_s": capacity_rps, "profile": profile, "folder": str(folder),
             "num_requests": setup.num_requests, "model": config.model, "threads": setup.threads,
             "calibration_requests": setup.calibration_requests, "repeats": setup.repeats}
     return results, info
+
+
+def measurement_order(levels: list[str], repeats: int) -> list[tuple[int, str, int]]:
+    """(level index, level, repeat) in the order they are measured: round by round, every level
+    once per round. The machine's speed wanders over minutes; measured level by level, a slow
+    stretch could take all of one level's repeats, and their median could not outvote it."""
+    return [(index, name, repeat) for repeat in range(repeats) for index, name in enumerate(levels)]
 
 
 def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: SimConfig, base_model: CostModel,

@@ -96,6 +96,13 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     # The fitted model on the calibration steps either side of each level, as a drift check.
     assert all(v["calibration_before_total_ratio"] > 0 and v["calibration_after_total_ratio"] > 0
                for v in report["step_time"].values())
+    # Each repeat's own errors; the level's error is their median.
+    for level, repeats in report["repeats"].items():
+        assert len(repeats) == 2
+        for metric, row in errors[errors["level"] == level].set_index("metric").iterrows():
+            values = sorted(r["errors"][metric] for r in repeats)
+            assert row["error"] == pytest.approx((values[0] + values[1]) / 2)
+            assert (row["error_min"], row["error_max"]) == pytest.approx((values[0], values[1]))
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
 
 

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from calibrate.validate import LevelResult, Measurement, error_table
+from calibrate.validate import LevelResult, Measurement, error_table, measurement_order
 
 
 def _measurement(measured: dict[str, float], predicted: dict[str, float]) -> Measurement:
@@ -79,3 +79,11 @@ def test_burn_in_serves_three_pools_of_blocks_and_leaves_the_engine_idle() -> No
     # Every block is free again, but no longer handed out in the fresh engine's order.
     assert sorted(engine.scheduler.block_manager.free_order()) == sorted(fresh_order)
     assert engine.scheduler.block_manager.free_order() != fresh_order
+
+
+def test_measurements_go_round_by_round_over_the_levels() -> None:
+    order = measurement_order(["light", "near saturation", "overloaded"], 2)
+    assert [(name, repeat) for _, name, repeat in order] == [
+        ("light", 0), ("near saturation", 0), ("overloaded", 0), ("light", 1), ("near saturation", 1), ("overloaded", 1)]
+    # The level index (which seeds the measurement) stays the level's, whatever the round.
+    assert {(index, name) for index, name, _ in order} == {(0, "light"), (1, "near saturation"), (2, "overloaded")}
