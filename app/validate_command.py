@@ -44,6 +44,18 @@ def _brackets(steps: dict) -> str:
             f"{steps['calibration_after_total_ratio']:.2f} after)")
 
 
+def _verdict(table) -> str:
+    """How many level-metric errors meet their target, and how many of the misses the engine's own
+    spread over the repeats is as large as (the machine's noise could account for those)."""
+    misses = table[~table["within_target"]]
+    line = f"{len(table) - len(misses)} of {len(table)} errors within target"
+    if len(misses):
+        noise = int(misses["within_engine_spread"].sum())
+        line += (f"; of the {len(misses)} miss{'' if len(misses) == 1 else 'es'}, {noise} {'is' if noise == 1 else 'are'} no larger than "
+                 "the engine's own spread over the repeats")
+    return line
+
+
 def validate_command(
     model: Optional[str] = typer.Option(None, help="HF config.json of the model to serve (random weights); "
                                                    "default: the bundled small Llama"),
@@ -134,6 +146,7 @@ def validate_command(
             cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")
         show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
     Console(width=max(Console().width, 110)).print(show)
+    Console().print(_verdict(table))
     Console().print("step time, predicted / measured over the engine's own steps (and over the calibration "
                     "steps just before and after, which the fit saw): " + "; ".join(
         f"{r.level}: total {r.steps['total_ratio']:.2f}, median {r.steps['median_ratio']:.2f}" + _brackets(r.steps)

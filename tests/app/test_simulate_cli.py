@@ -92,6 +92,7 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     assert errors["repeats"].eq(2).all() and (errors["error_min"] <= errors["error"]).all()
     assert (errors["error"] <= errors["error_max"]).all()
     assert errors["engine_spread"].ge(0).all()
+    assert errors["within_engine_spread"].eq(errors["error"].abs() <= errors["engine_spread"]).all()
     assert all(v["steps"] > 0 for v in report["step_time"].values())
     # The fitted model on the calibration steps either side of each level, as a drift check.
     assert all(v["calibration_before_total_ratio"] > 0 and v["calibration_after_total_ratio"] > 0

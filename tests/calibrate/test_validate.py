@@ -27,6 +27,26 @@ def test_level_medians_error_range_and_engine_spread() -> None:
     table = error_table([level]).set_index("metric")
     assert table.loc["tpot_mean", "engine_spread"] == pytest.approx(0.2)
     assert table.loc["tpot_mean", "within_target"] and not math.isnan(table.loc["throughput", "engine_spread"])
+    # Throughput's error (median of 0%, +2%, -2%) is 0, and so is the engine's spread of it.
+    assert table.loc["throughput", "within_engine_spread"] and table.loc["tpot_mean", "within_engine_spread"]
+
+
+def test_a_miss_beyond_the_engines_spread_is_told_apart() -> None:
+    from app.validate_command import _verdict
+
+    steady = LevelResult("overloaded", 5.0, [  # the engine repeats itself exactly; the simulator is 20% off
+        _measurement({"ttft_p50": 1.0, "tpot_mean": 0.10}, {"ttft_p50": 1.2, "tpot_mean": 0.10}),
+        _measurement({"ttft_p50": 1.0, "tpot_mean": 0.10}, {"ttft_p50": 1.2, "tpot_mean": 0.104}),
+    ])
+    noisy = LevelResult("light", 1.0, [  # the engine's repeats lie 23% from their median; the simulator misses by 15%
+        _measurement({"ttft_p50": 1.0}, {"ttft_p50": 1.15}),
+        _measurement({"ttft_p50": 1.6}, {"ttft_p50": 1.84}),
+    ])
+    table = error_table([steady, noisy]).set_index(["level", "metric"])
+    assert not table.loc[("overloaded", "ttft_p50"), "within_engine_spread"]
+    assert table.loc[("light", "ttft_p50"), "within_engine_spread"]
+    assert _verdict(table.reset_index()) == ("1 of 3 errors within target; of the 2 misses, 1 is no larger than "
+                                             "the engine's own spread over the repeats")
 
 
 def test_one_repeat_has_no_engine_spread() -> None:
