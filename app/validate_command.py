@@ -45,14 +45,14 @@ def _brackets(steps: dict) -> str:
 
 
 def _verdict(table) -> str:
-    """How many level-metric errors meet their target, and how many of the misses the engine's own
-    spread over the repeats is as large as (the machine's noise could account for those)."""
+    """How many level-metric errors meet their target and, of the misses, how many are no larger
+    than the engine's own spread over the repeats (the machine's noise could account for those)."""
     misses = table[~table["within_target"]]
     line = f"{len(table) - len(misses)} of {len(table)} errors within target"
     if len(misses):
         noise = int(misses["within_engine_spread"].sum())
-        line += (f"; of the {len(misses)} miss{'' if len(misses) == 1 else 'es'}, {noise} {'is' if noise == 1 else 'are'} no larger than "
-                 "the engine's own spread over the repeats")
+        line += (f"; of the {len(misses)} miss{'' if len(misses) == 1 else 'es'}, {noise} "
+                 f"{'is' if noise == 1 else 'are'} no larger than the engine's own spread over the repeats")
     return line
 
 

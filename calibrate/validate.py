@@ -501,7 +501,7 @@ def error_table(results: list[LevelResult]) -> pd.DataFrame:
                          "error_max": spread[metric][1], "engine_spread": engine_spread[metric],
                          "repeats": len(r.repeats), "target": target_of(metric),
                          "within_target": abs(error) <= target_of(metric),
-                         # A miss no larger than the engine's own spread: the machine's noise could
-                         # account for it (never with one repeat, which has no spread).
-                         "within_engine_spread": abs(error) <= engine_spread[metric]})
+                         # No larger than the engine's own spread: the machine's noise could account
+                         # for it (never with one repeat, which has no spread).
+                         "within_engine_spread": len(r.repeats) > 1 and abs(error) <= engine_spread[metric]})
     return pd.DataFrame(rows)
