@@ -53,6 +53,7 @@ def test_one_repeat_has_no_engine_spread() -> None:
     level = LevelResult("light", 1.0, [_measurement({"ttft_p99": 0.3}, {"ttft_p99": 0.33})])
     assert level.engine_spread == {"ttft_p99": 0.0}
     assert level.errors["ttft_p99"] == pytest.approx(0.1)
+    assert not error_table([level])["within_engine_spread"].any()
 
 
 def test_calibration_halves_mirror_around_the_level() -> None:
