@@ -136,11 +136,12 @@ def validate_command(
     for r in results:
         show.add_column(f"{r.level} ({r.rate_per_s:.2f} req/s)", justify="right")
     show.add_column("target", justify="right")
+    within_target = table.set_index(["level", "metric"])["within_target"]
     for metric in results[0].errors:
         cells = []
         for r in results:
             e, (low, high) = r.errors[metric], r.error_range[metric]
-            ok = abs(e) <= table[(table.metric == metric)].iloc[0]["target"]
+            ok = within_target[(r.level, metric)]
             spread = (f" [dim]({low:+.0%}..{high:+.0%}; engine ±{r.engine_spread[metric]:.0%})[/]"
                       if len(r.repeats) > 1 else "")
             cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")

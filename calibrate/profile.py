@@ -123,8 +123,8 @@ class ProfileGrid:
     def quick(cls) -> "ProfileGrid":
         """A small grid for tests: seconds, not minutes."""
         return cls(tokens=(1, 8, 64), gemm_every_row_up_to=0, prefill_q=(16,), prefill_kv_multiples=(1, 2),
-                   decode_batch=(1, 4), decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1, attention_head_dims=(),
-                   attention_groups=(), forward_layers=(1, 2), idle_ms=(5,), verify_q=(3,))
+                   decode_batch=(1, 4), decode_kv=(32, 128), min_repeats=2, min_seconds=0.0, passes=1,
+                   attention_head_dims=(), attention_groups=(), forward_layers=(1, 2), idle_ms=(5,), verify_q=(3,))
 
 
 def median_time(fn: Callable[[], object], grid: ProfileGrid, sync: Callable[[], None], calls: int = 1) -> float:
