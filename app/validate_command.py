@@ -72,6 +72,9 @@ def validate_command(
                                                       "before and after each level, calibrate the framework "
                                                       "overhead (0: profile only)"),
     repeats: int = typer.Option(3, help="independent measurements per level; errors are their median"),
+    speed_probe: bool = typer.Option(True, help="time a small fixed piece of work before every engine step and "
+                                               "simulate each level at the machine speed it shows (off: at the "
+                                               "calibration's average speed)"),
     as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
 ) -> None:
@@ -89,7 +92,7 @@ def validate_command(
                                 max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
                                 dtype=dtype, seed=seed, threads=threads or None,
-                                calibration_requests=calibration_requests, repeats=repeats)
+                                calibration_requests=calibration_requests, repeats=repeats, speed_probe=speed_probe)
         setup.check()  # bad settings fail here, before any profiling
         # Redrawn only from the callbacks, which come between replays: a refresh thread drawing
         # during a replay would take CPU time that lands in the engine's measured latencies.
@@ -154,5 +157,9 @@ def validate_command(
         for r in results))
     Console().print("machine speed drift since profiling (forward re-measured before each level; >1 = slower now): "
                     + ", ".join(f"{r.level} {r.steps['machine_drift']:.2f}" for r in results))
+    if "level_slowdown" in results[0].steps:
+        Console().print("machine speed during each level, from the probe before every step (step times the "
+                        "simulator was given, relative to the calibration around it; >1 = slower): "
+                        + ", ".join(f"{r.level} {r.steps['level_slowdown']:.2f}" for r in results))
     if out is not None:
         Console().print(f"wrote {out}/errors.csv, measured-*.csv, predicted-*.csv, report.html")

@@ -20,13 +20,15 @@ import json
 import math
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from calibrate.speed_probe import ProbedClock, SpeedProbe, slowdowns
 from simulator.cost_model import CostModel
 from simulator.profile import Profile
 from simulator.run import SimResult, simulate
@@ -90,6 +92,9 @@ class ValidationSetup:
     calibration_requests: int = 192
     # Independent measurements of each level (calibration, replay, simulation); errors are their median.
     repeats: int = 3
+    # Time a small fixed piece of work before every engine step and simulate each level at the
+    # machine speed it shows (calibrate/speed_probe.py); off: at the calibration's average speed.
+    speed_probe: bool = True
     levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
 
     def engine_config(self):
@@ -332,54 +337,79 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     from wherever the free list has them), and scattered KV reads are slower; the burn-in brings the
     engine to that steady state before anything is timed, and sharing the engine brackets the
     level's replay in engine age as well as in time.
+
+    With setup.speed_probe, a probe timed before every step (calibrate/speed_probe.py) says how fast
+    the machine ran at each moment: the calibration's step times are fitted as they would have been
+    at the calibration's usual speed, and the level is simulated at the speed the probe saw during
+    it (simulator/speed_trace.py).
     """
     from engine import LLMEngine
     from engine.replay import replay
+    from simulator.speed_trace import SpeedTrace, SpeedTracedTimer
 
     if on_progress:
         on_progress(stage, 0, 1)
     slug = "".join(c if c.isalnum() else "-" for c in stage).strip("-")
+    probe = SpeedProbe() if setup.speed_probe else None
     level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{slug}.jsonl")
     level_config = config.model_copy(update={"profile": level_profile})
     level_model = copy.copy(base_model)
     engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
     engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
     burn_in(engine, setup, setup.seed + seed_offset + 50)
-    steps = record_steps(engine)
+    steps = record_steps(engine, probe)
 
-    def calibration_steps(half: int) -> list:
-        """Engine steps of other requests (other seeds) at each CALIBRATION_LOADS load."""
-        observed = []
-        for k, (load, share) in calibration_order(half):
+    def calibration_replays(half: int) -> range:
+        """Replays engine steps of other requests (other seeds) at each CALIBRATION_LOADS load;
+        returns where their steps are in `steps`."""
+        first = len(steps)
+        for k, (load, share) in calibration_order(half) if setup.calibration_requests else ():
             count = max(2, round(setup.calibration_requests * share / 2))  # half before, half after
             lengths_k = setup.lengths(count, setup.seed + seed_offset + 2 * k + half)
             calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")
-            first = len(steps)
             replay(engine, engine_requests(calibration, engine.model_config.vocab_size, setup.seed + 7))
-            observed += step_observations(steps[first:], level_config, level_model)
-        return observed
+        return range(first, len(steps))
 
-    calibration = calibration_steps(0) if setup.calibration_requests else []
+    before = calibration_replays(0)
     requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
-    first = len(steps)
     # No callback during the replay: anything the harness does between steps lands in the timings.
     outputs = replay(engine, requests)
-    level_steps = steps[first:]
+    level = range(before.stop, len(steps))
     start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
     measured = measured_frame(outputs, start)
-    if setup.calibration_requests:
-        calibration += calibration_steps(1)
+    after = calibration_replays(1)
+    halves = {"before": before, "after": after}
+    # How much slower than during its calibration the machine ran at each step (1 without a probe).
+    # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
+    # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say
+    # how fast the machine was then.
+    slowdown = np.ones(len(steps))
+    if probe is not None:
+        is_calibration = np.zeros(len(steps), dtype=bool)
+        is_calibration[before.start:before.stop] = is_calibration[after.start:after.stop] = True
+        slowdown, _ = slowdowns(np.array([s.probe_s for s in steps]), is_calibration)
+    calibration = [o for half in halves.values() for o in step_observations(
+        [steps[i] for i in half], level_config, level_model, slowdown[half.start:half.stop])]
     level_model.fit_framework(Profile.load(level_profile), calibration)
-    predicted: SimResult = simulate(level_config, workload, cost_model=level_model)
+    timer = None
+    if probe is not None:
+        trace = SpeedTrace(tuple(steps[i].start_s - start for i in level), tuple(slowdown[level.start:level.stop]))
+        model_spec, _, _ = level_config.check()
+        timer = SpeedTracedTimer(level_model, model_spec, dtype=level_config.compute_dtype,
+                                 kv_dtype=level_config.cache_dtype, block_size=level_config.block_size, trace=trace)
+    predicted: SimResult = simulate(level_config, workload, cost_model=level_model, timer=timer)
     if on_progress:
         on_progress(stage, 1, 1)
     # The fitted model on each calibration half alone: how far the machine's speed moved across
     # the measurement, and whether the level ran at the speed of the calibration around it.
-    halves = {"before": steps[:first], "after": steps[first + len(level_steps):]}
-    brackets = {f"calibration_{name}_total_ratio": step_errors(level_config, half_steps, level_model)["total_ratio"]
-                for name, half_steps in halves.items() if half_steps}
+    brackets = {f"calibration_{name}_total_ratio": step_errors(level_config, [steps[i] for i in half], level_model,
+                                                               slowdown[half.start:half.stop])["total_ratio"]
+                for name, half in halves.items() if len(half)}
+    level_steps = [steps[i] for i in level]
+    speed = {"level_slowdown": float(np.mean(slowdown[level.start:level.stop]))} if probe is not None else {}
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
-                       {**step_errors(level_config, level_steps, level_model), "machine_drift": drift, **brackets})
+                       {**step_errors(level_config, level_steps, level_model, slowdown[level.start:level.stop]),
+                        "machine_drift": drift, **brackets, **speed})
 
 
 def burn_in(engine, setup: ValidationSetup, seed: int) -> int:
@@ -403,28 +433,39 @@ def burn_in(engine, setup: ValidationSetup, seed: int) -> int:
     return len(chosen)
 
 
-def record_steps(engine) -> list[tuple[list, float, float]]:
-    """Wrap engine.step to record each step's scheduled chunks, wall time, and how long the engine
-    had been idle before it (0 when it follows a step that left work)."""
-    import time
+class RecordedStep(NamedTuple):
+    """One engine step as record_steps saw it; times on the engine's clock."""
 
-    steps: list[tuple[list, float, float]] = []
+    chunks: list
+    seconds: float
+    idle_s: float  # how long the engine had been idle before it (0 when the step before left work)
+    probe_s: float = 0.0  # the speed probe's time just before it (0: no probe)
+    start_s: float = 0.0
+
+
+def record_steps(engine, probe: SpeedProbe | None = None) -> list[RecordedStep]:
+    """Wrap engine.step to record each step's scheduled chunks, wall time, and how long the engine
+    had been idle before it. With a probe, time it before every step on a clock that stops meanwhile
+    (given to the engine, so replays and requests never see the probe's time)."""
+    steps: list[RecordedStep] = []
     scheduler, step = engine.scheduler, engine.step
     schedule = scheduler.schedule
     last: list = [None]
     previous: dict = {"end": None, "left_work": True}
+    clock = engine.clock = ProbedClock() if probe is not None else engine.clock
 
     def recording_schedule(now: float = 0.0):
         last[0] = schedule(now)
         return last[0]
 
     def timed_step():
-        started = time.perf_counter()
+        probe_s = clock.probe(probe) if probe is not None else 0.0
+        started = clock()
         idle_s = 0.0 if previous["left_work"] or previous["end"] is None else started - previous["end"]
         outputs = step()
-        ended = time.perf_counter()
+        ended = clock()
         if last[0] is not None and not last[0].is_empty:
-            steps.append((list(last[0].chunks), ended - started, idle_s))
+            steps.append(RecordedStep(list(last[0].chunks), ended - started, idle_s, probe_s, started))
             previous["end"], previous["left_work"] = ended, engine.has_unfinished_requests()
         return outputs
 
@@ -433,49 +474,54 @@ def record_steps(engine) -> list[tuple[list, float, float]]:
     return steps
 
 
-def step_observations(steps: list[tuple[list, float, float]], config: SimConfig, cost_model: CostModel) -> list:
-    """Recorded engine steps as StepObservations. Forward time: the step less the scheduler's
-    time and, after idle, less the wakeup the simulator adds on its own (CostModel.predict_idle_wakeup):
-    left in, the fit would charge every step of the shapes that follow idle with it."""
+def step_observations(steps: Sequence[RecordedStep], config: SimConfig, cost_model: CostModel,
+                      slowdown: Sequence[float] | None = None) -> list:
+    """Recorded engine steps as StepObservations. Forward time: the step (divided by the machine's
+    slowdown at it, if given) less the scheduler's time and, after idle, less the wakeup the
+    simulator adds on its own (CostModel.predict_idle_wakeup): left in, the fit would charge every
+    step of the shapes that follow idle with it."""
     from simulator.cost_model import Chunk, StepObservation
 
     model = config.model_spec()
+    slowdown = np.ones(len(steps)) if slowdown is None else slowdown
     out = []
-    for (chunks, seconds, idle_s), previous_tokens in zip(steps, previous_step_tokens(steps)):
-        cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in chunks]
+    for step, previous_tokens, factor in zip(steps, previous_step_tokens(steps), slowdown):
+        cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in step.chunks]
         host = cost_model.predict_step_overhead(len(cs)).time_s
-        if idle_s > 0:
-            host += cost_model.predict_idle_wakeup(idle_s).time_s
-        out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, seconds - host,
+        if step.idle_s > 0:
+            host += cost_model.predict_idle_wakeup(step.idle_s).time_s
+        out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, step.seconds / factor - host,
                                    previous_tokens))
     return out
 
 
-def previous_step_tokens(steps: list[tuple[list, float, float]]) -> list[int | None]:
+def previous_step_tokens(steps: Sequence[RecordedStep]) -> list[int | None]:
     """For each recorded step, the tokens of the step just before it, None where it came first or
     after idle (the simulator's StepTimer.shape_change convention)."""
     out, previous = [], None
-    for chunks, _, idle_s in steps:
-        out.append(None if idle_s > 0 else previous)
-        previous = sum(c.num_tokens for c in chunks)
+    for step in steps:
+        out.append(None if step.idle_s > 0 else previous)
+        previous = sum(c.num_tokens for c in step.chunks)
     return out
 
 
-def step_errors(config: SimConfig, steps: list[tuple[list, float, float]], cost_model: CostModel) -> dict:
+def step_errors(config: SimConfig, steps: Sequence[RecordedStep], cost_model: CostModel,
+                slowdown: Sequence[float] | None = None) -> dict:
     """The cost model's step time (with the wakeup after idle and the shape change, as the
-    simulator adds them) against
-    every step the engine took: how much of the request-level error is step time (rather than
-    scheduling dynamics)."""
+    simulator adds them, and times the machine's slowdown at the step if given) against every step
+    the engine took: how much of the request-level error is step time (rather than scheduling
+    dynamics)."""
     from simulator.step_timer import StepTimer
 
     model, _, _ = config.check()
     timer = StepTimer(cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
-    measured = np.array([t for _, t, _ in steps])
-    predicted = np.array([timer.step(chunks) + timer.wakeup(idle_s)
-                          + timer.shape_change(previous, sum(c.num_tokens for c in chunks))
-                          for (chunks, _, idle_s), previous in zip(steps, previous_step_tokens(steps))])
-    decode = np.array([all(c.num_tokens == 1 for c in chunks) for chunks, _, _ in steps])
-    after_idle = np.array([idle_s > 0 for _, _, idle_s in steps])
+    measured = np.array([s.seconds for s in steps])
+    factors = np.ones(len(steps)) if slowdown is None else np.asarray(slowdown, dtype=float)
+    predicted = factors * np.array([timer.step(s.chunks) + timer.wakeup(s.idle_s)
+                                    + timer.shape_change(previous, sum(c.num_tokens for c in s.chunks))
+                                    for s, previous in zip(steps, previous_step_tokens(steps))])
+    decode = np.array([all(c.num_tokens == 1 for c in s.chunks) for s in steps])
+    after_idle = np.array([s.idle_s > 0 for s in steps])
     out = {"steps": int(len(steps)), "total_ratio": float(predicted.sum() / measured.sum()),
            "median_ratio": float(np.median(predicted / measured))}
     if decode.any():

@@ -7,7 +7,7 @@ import dataclasses
 import gc
 import time
 import weakref
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,10 @@ class LLMEngine:
         self._default_generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.num_steps = 0
         self._num_generated = 0
+        # What the engine stamps arrivals, tokens and finishes with. A harness that does work of its
+        # own between steps and wants it out of the requests' timings swaps in a clock that stops
+        # meanwhile (calibrate/speed_probe.py: ProbedClock).
+        self.clock: Callable[[], float] = time.perf_counter
         # Long-lived objects (the model, its parameters, the cache) leave the garbage collector's
         # generations, so its periodic full collections stop scanning them mid-serving (vLLM
         # does the same): collection pauses become short and rare.
@@ -139,7 +143,7 @@ class LLMEngine:
         if bad:
             raise ValueError(f"request {request_id!r} has token ids outside the vocabulary "
                              f"[0, {self.model_config.vocab_size}): {bad[:5]}")
-        arrival = time.perf_counter() if arrival_time is None else arrival_time
+        arrival = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(str(request_id), prompt, params, arrival)
         self.scheduler.add(seq)  # validates before anything else changes
         if params.seed is not None:
@@ -150,7 +154,7 @@ class LLMEngine:
             self._prompt_logits[seq.request_id] = []
 
     def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort(str(request_id), time.perf_counter())
+        self.scheduler.abort(str(request_id), self.clock())
         self._forget(str(request_id))
 
     def has_unfinished_requests(self) -> bool:
@@ -165,7 +169,7 @@ class LLMEngine:
     # -- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return an output for every request that got a token or finished."""
-        out = self.scheduler.schedule(time.perf_counter())
+        out = self.scheduler.schedule(self.clock())
         if out.is_empty:
             if self.scheduler.has_unfinished():
                 # Every admitted request fits the pool alone, so an idle step with work left is a bug.
@@ -188,7 +192,7 @@ class LLMEngine:
             have = sum(t.shape[0] for t in collected)
             if first_pos + logits.shape[0] > have:  # a recompute after preemption repeats positions
                 collected.append(logits[have - first_pos:])
-        now = time.perf_counter()
+        now = self.clock()
         self.scheduler.update(out, result.sampled, now, result.accepted)
         self.num_steps += 1
         outputs = [self._output(requests[r]) for r in result.sampled]

@@ -29,15 +29,15 @@ def replay(engine: "LLMEngine", requests: Sequence[TimedRequest],
            on_finish: Callable[["RequestOutput"], None] | None = None) -> list["RequestOutput"]:
     """Add each request when its arrival time comes, step until all finish; outputs in input order.
 
-    Arrival times are stamped as the scheduled arrival (start + arrival_s), so queueing caused by a
-    busy engine shows up in TTFT.
+    Arrival times are stamped as the scheduled arrival (start + arrival_s, on the engine's clock), so
+    queueing caused by a busy engine shows up in TTFT.
     """
     pending = sorted(requests, key=lambda r: r.arrival_s)
     finished: dict[str, RequestOutput] = {}
-    start = time.perf_counter()
+    start = engine.clock()
     i = 0
     while i < len(pending) or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
+        now = engine.clock() - start
         while i < len(pending) and pending[i].arrival_s <= now:
             r = pending[i]
             engine.add_request(r.request_id, r.prompt_token_ids, r.params, arrival_time=start + r.arrival_s)

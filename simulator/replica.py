@@ -135,6 +135,7 @@ class Replica:
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
         env, scheduler, timer = self.env, engine.scheduler, self.timer
+        follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
         cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():
@@ -142,6 +143,8 @@ class Replica:
                 engine.wakeup = env.event()
                 yield engine.wakeup
                 engine.wakeup = None
+                if follows_time:
+                    timer.now = env.now
                 cold_s = timer.wakeup(env.now - idle_from)
                 engine.previous_tokens = None
             now = env.now
@@ -149,6 +152,8 @@ class Replica:
                 out = scheduler.schedule(now)
                 if out.is_empty:
                     break  # nothing admissible until something arrives
+                if follows_time:
+                    timer.now = now
                 step_s = timer.step(out.chunks) + cold_s
                 cold_s = 0.0
                 if timer.times_shape_changes:

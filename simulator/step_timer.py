@@ -50,6 +50,8 @@ class TimeSplit:
 class StepTimer:
     # plan_steady_run times decode steps as step() would: replicas may take them in bulk.
     times_steady_runs: ClassVar[bool] = True
+    # Step times depend on when the step starts: replicas set `now` before each step (speed_trace.py).
+    follows_time: ClassVar[bool] = False
     cost_model: CostModel
     model: ModelSpec
     tp: int = 1

@@ -71,10 +71,10 @@ def test_calibration_halves_mirror_around_the_level() -> None:
 def test_previous_step_tokens_restart_after_idle() -> None:
     from types import SimpleNamespace
 
-    from calibrate.validate import previous_step_tokens
+    from calibrate.validate import RecordedStep, previous_step_tokens
 
     def step(*tokens: int, idle_s: float = 0.0):
-        return [SimpleNamespace(num_tokens=t) for t in tokens], 0.01, idle_s
+        return RecordedStep([SimpleNamespace(num_tokens=t) for t in tokens], 0.01, idle_s)
 
     steps = [step(128, 1), step(1, 1), step(1, 1, 1), step(64, idle_s=0.2), step(1)]
     assert previous_step_tokens(steps) == [None, 129, 2, None, 64]
@@ -108,3 +108,45 @@ def test_measurements_go_round_by_round_over_the_levels() -> None:
         ("light", 0), ("near saturation", 0), ("overloaded", 0), ("light", 1), ("near saturation", 1), ("overloaded", 1)]
     # The level index (which seeds the measurement) stays the level's, whatever the round.
     assert {(index, name) for index, name, _ in order} == {(0, "light"), (1, "near saturation"), (2, "overloaded")}
+
+
+def test_recorded_steps_carry_their_probe_and_the_engine_never_sees_it() -> None:
+    """With a probe, every recorded step has the probe's time before it; the engine's clock (which
+    stamps the requests) stopped for exactly those probes, and the steps sit on that clock."""
+    from calibrate.speed_probe import ProbedClock, SpeedProbe
+    from calibrate.validate import ValidationSetup, engine_requests, record_steps, workload_at
+    from engine import LLMEngine
+    from engine.replay import replay
+
+    model = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, vocab_size=64, max_position_embeddings=64)
+    setup = ValidationSetup(model=model, num_blocks=16, max_total_tokens=64, max_num_batched_tokens=64)
+    engine = LLMEngine.from_config(model, setup.engine_config(), seed=0)
+    steps = record_steps(engine, SpeedProbe(repeats=1))
+    assert isinstance(engine.clock, ProbedClock)
+    outputs = replay(engine, engine_requests(workload_at(setup.lengths(4, 3), 50.0, 3, "t"), 64, 3))
+    assert steps and all(s.probe_s > 0 for s in steps)
+    assert engine.clock.paused_s == pytest.approx(sum(s.probe_s for s in steps), rel=1e-12)
+    assert min(o.arrival_time for o in outputs) <= steps[0].start_s
+    assert steps[-1].start_s <= max(o.finish_time for o in outputs) <= steps[-1].start_s + steps[-1].seconds
+    assert [s.start_s for s in steps] == sorted(s.start_s for s in steps)
+
+
+def test_calibration_steps_are_read_at_the_usual_speed() -> None:
+    """A step taken while the machine ran twice as slow counts as half its time in the fit (less
+    the host time the simulator adds on its own, which is not scaled)."""
+    from types import SimpleNamespace
+
+    from calibrate.validate import RecordedStep, step_observations
+    from simulator.cost_model import CostModel
+    from simulator.sim_config import SimConfig
+
+    config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm")
+    chunk = SimpleNamespace(num_tokens=1, start=99, samples=True)
+    steps = [RecordedStep([chunk], 0.02, 0.0), RecordedStep([chunk, chunk], 0.03, 0.0)]
+    cost_model = CostModel.load(config.hardware)
+    usual = step_observations(steps, config, cost_model)
+    slow = step_observations(steps, config, cost_model, [2.0, 1.5])
+    assert usual[0].forward_s - slow[0].forward_s == pytest.approx(0.01)
+    assert usual[1].forward_s - slow[1].forward_s == pytest.approx(0.01)
+
