@@ -10,7 +10,9 @@ A shared machine's speed wanders by several percent over tens of seconds. So the
 are fitted, for every replay, on engine steps of *other* requests replayed just before and just
 after it (never on the replay's own steps), and each level is measured `repeats` times afresh, in
 rounds that measure every level once; a level's error is the median over its repeats, and the
-spread is reported with it.
+spread is reported with it. Within a replay the speed still changes by several percent from second
+to second: a speed probe timed before every engine step (calibrate/speed_probe.py) measures it,
+and the simulator replays the level at those speeds (simulator/speed_trace.py).
 """
 
 from __future__ import annotations
@@ -380,9 +382,6 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     after = calibration_replays(1)
     halves = {"before": before, "after": after}
     # How much slower than during its calibration the machine ran at each step (1 without a probe).
-    # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
-    # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say
-    # how fast the machine was then.
     slowdown = np.ones(len(steps))
     if probe is not None:
         is_calibration = np.zeros(len(steps), dtype=bool)
@@ -390,10 +389,15 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
         slowdown, _ = slowdowns(np.array([s.probe_s for s in steps]), is_calibration)
     calibration = [o for half in halves.values() for o in step_observations(
         [steps[i] for i in half], level_config, level_model, slowdown[half.start:half.stop])]
+    # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
+    # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say how
+    # fast the machine was then.
     level_model.fit_framework(Profile.load(level_profile), calibration)
-    timer = None
+    timer, speed = None, {}
     if probe is not None:
+        # The level's steps on the simulator's timeline (seconds since its first arrival).
         trace = SpeedTrace(tuple(steps[i].start_s - start for i in level), tuple(slowdown[level.start:level.stop]))
+        speed["level_slowdown"] = trace.mean()
         model_spec, _, _ = level_config.check()
         timer = SpeedTracedTimer(level_model, model_spec, dtype=level_config.compute_dtype,
                                  kv_dtype=level_config.cache_dtype, block_size=level_config.block_size, trace=trace)
@@ -406,7 +410,6 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
                                                                slowdown[half.start:half.stop])["total_ratio"]
                 for name, half in halves.items() if len(half)}
     level_steps = [steps[i] for i in level]
-    speed = {"level_slowdown": float(np.mean(slowdown[level.start:level.stop]))} if probe is not None else {}
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
                        {**step_errors(level_config, level_steps, level_model, slowdown[level.start:level.stop]),
                         "machine_drift": drift, **brackets, **speed})

@@ -105,6 +105,14 @@ def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
             assert row["error"] == pytest.approx((values[0] + values[1]) / 2)
             assert (row["error_min"], row["error_max"]) == pytest.approx((values[0], values[1]))
     assert (tmp_path / "out" / "report.html").exists() and (tmp_path / "out" / "errors.csv").exists()
+    # Each repeat's level was simulated at the speed the probe saw during it.
+    assert all(r["step_time"]["level_slowdown"] > 0 for repeats in report["repeats"].values() for r in repeats)
+    plain = runner.invoke(app, ["validate", "--model", str(tmp_path / "config.json"), "--profile", str(profile),
+                                "--num-requests", "6", "--max-total-tokens", "64", "--max-num-batched-tokens", "64",
+                                "--num-blocks", "64", "--calibration-requests", "8", "--repeats", "1",
+                                "--no-speed-probe", "--json"])
+    assert plain.exit_code == 0, plain.output
+    assert not any("level_slowdown" in v for v in json.loads(plain.stdout)["step_time"].values())
 
 
 @pytest.mark.parametrize("args, message", [
