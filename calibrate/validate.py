@@ -361,7 +361,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     burn_in(engine, setup, setup.seed + seed_offset + 50)
     steps = record_steps(engine, probe)
 
-    def calibration_replays(half: int) -> range:
+    def calibration_replays(half: int) -> slice:
         """Replays engine steps of other requests (other seeds) at each CALIBRATION_LOADS load;
         returns where their steps are in `steps`."""
         first = len(steps)
@@ -370,13 +370,13 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
             lengths_k = setup.lengths(count, setup.seed + seed_offset + 2 * k + half)
             calibration = workload_at(lengths_k, load * capacity_rps, setup.seed + seed_offset + 7, "calibration")
             replay(engine, engine_requests(calibration, engine.model_config.vocab_size, setup.seed + 7))
-        return range(first, len(steps))
+        return slice(first, len(steps))
 
     before = calibration_replays(0)
     requests = engine_requests(workload, engine.model_config.vocab_size, setup.seed)
     # No callback during the replay: anything the harness does between steps lands in the timings.
     outputs = replay(engine, requests)
-    level = range(before.stop, len(steps))
+    level = slice(before.stop, len(steps))
     start = min(o.arrival_time for o in outputs) - workload.requests[0].arrival_s
     measured = measured_frame(outputs, start)
     after = calibration_replays(1)
@@ -385,10 +385,10 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     slowdown = np.ones(len(steps))
     if probe is not None:
         is_calibration = np.zeros(len(steps), dtype=bool)
-        is_calibration[before.start:before.stop] = is_calibration[after.start:after.stop] = True
-        slowdown, _ = slowdowns(np.array([s.probe_s for s in steps]), is_calibration)
-    calibration = [o for half in halves.values() for o in step_observations(
-        [steps[i] for i in half], level_config, level_model, slowdown[half.start:half.stop])]
+        is_calibration[before] = is_calibration[after] = True
+        slowdown = slowdowns(np.array([s.probe_s for s in steps]), is_calibration)
+    calibration = [o for half in halves.values()
+                   for o in step_observations(steps[half], level_config, level_model, slowdown[half])]
     # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
     # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say how
     # fast the machine was then.
@@ -396,7 +396,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     timer, speed = None, {}
     if probe is not None:
         # The level's steps on the simulator's timeline (seconds since its first arrival).
-        trace = SpeedTrace(tuple(steps[i].start_s - start for i in level), tuple(slowdown[level.start:level.stop]))
+        trace = SpeedTrace(tuple(s.start_s - start for s in steps[level]), tuple(slowdown[level]))
         speed["level_slowdown"] = trace.mean()
         model_spec, _, _ = level_config.check()
         timer = SpeedTracedTimer(level_model, model_spec, dtype=level_config.compute_dtype,
@@ -406,12 +406,11 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
         on_progress(stage, 1, 1)
     # The fitted model on each calibration half alone: how far the machine's speed moved across
     # the measurement, and whether the level ran at the speed of the calibration around it.
-    brackets = {f"calibration_{name}_total_ratio": step_errors(level_config, [steps[i] for i in half], level_model,
-                                                               slowdown[half.start:half.stop])["total_ratio"]
-                for name, half in halves.items() if len(half)}
-    level_steps = [steps[i] for i in level]
+    brackets = {f"calibration_{name}_total_ratio":
+                step_errors(level_config, steps[half], level_model, slowdown[half])["total_ratio"]
+                for name, half in halves.items() if half.stop > half.start}
     return Measurement(metrics_of(measured), metrics_of(predicted.requests), measured, predicted.requests,
-                       {**step_errors(level_config, level_steps, level_model, slowdown[level.start:level.stop]),
+                       {**step_errors(level_config, steps[level], level_model, slowdown[level]),
                         "machine_drift": drift, **brackets, **speed})
 
 
