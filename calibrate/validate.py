@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,10 @@ from simulator.run import SimResult, simulate
 from simulator.sim_config import SimConfig
 from simulator.synthetic import arrival_times
 from simulator.workload import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
+
+if TYPE_CHECKING:
+    from simulator.speed_trace import SpeedTrace
+    from simulator.step_timer import StepTimer
 
 LEVELS = {"light": 0.3, "near saturation": 0.9, "overloaded": 1.5}
 METRICS = (("throughput", "output_tokens_per_s"), ("ttft", "p50"), ("ttft", "p90"), ("ttft", "p99"),
@@ -347,7 +351,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     """
     from engine import LLMEngine
     from engine.replay import replay
-    from simulator.speed_trace import SpeedTrace, SpeedTracedTimer
+    from simulator.speed_trace import SpeedTrace
 
     if on_progress:
         on_progress(stage, 0, 1)
@@ -398,9 +402,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
         # The level's steps on the simulator's timeline (seconds since its first arrival).
         trace = SpeedTrace(tuple(s.start_s - start for s in steps[level]), tuple(slowdown[level]))
         speed["level_slowdown"] = trace.mean()
-        model_spec, _, _ = level_config.check()
-        timer = SpeedTracedTimer(level_model, model_spec, dtype=level_config.compute_dtype,
-                                 kv_dtype=level_config.cache_dtype, block_size=level_config.block_size, trace=trace)
+        timer = validation_timer(level_config, level_model, trace)
     predicted: SimResult = simulate(level_config, workload, cost_model=level_model, timer=timer)
     if on_progress:
         on_progress(stage, 1, 1)
@@ -507,16 +509,25 @@ def previous_step_tokens(steps: Sequence[RecordedStep]) -> list[int | None]:
     return out
 
 
+def validation_timer(config: SimConfig, cost_model: CostModel, trace: SpeedTrace | None = None) -> StepTimer:
+    """The StepTimer the validation times engine steps with (one replica, tp 1, unquantized
+    weights); with a SpeedTrace, one that scales each step by the trace at the step's start. The
+    level's simulation and its step-time errors use the same one, so they agree on every step."""
+    from simulator.speed_trace import SpeedTracedTimer
+    from simulator.step_timer import StepTimer
+
+    model, _, _ = config.check()
+    args = (cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
+    return StepTimer(*args) if trace is None else SpeedTracedTimer(*args, trace=trace)
+
+
 def step_errors(config: SimConfig, steps: Sequence[RecordedStep], cost_model: CostModel,
                 slowdown: Sequence[float] | None = None) -> dict:
     """The cost model's step time (with the wakeup after idle and the shape change, as the
     simulator adds them, and times the machine's slowdown at the step if given) against every step
     the engine took: how much of the request-level error is step time (rather than scheduling
     dynamics)."""
-    from simulator.step_timer import StepTimer
-
-    model, _, _ = config.check()
-    timer = StepTimer(cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
+    timer = validation_timer(config, cost_model)
     measured = np.array([s.seconds for s in steps])
     factors = np.ones(len(steps)) if slowdown is None else np.asarray(slowdown, dtype=float)
     predicted = factors * np.array([timer.step(s.chunks) + timer.wakeup(s.idle_s)
