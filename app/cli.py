@@ -70,7 +70,7 @@ def generate(
     from app.report import request_rows, summarize
     from engine import EngineConfig, LLMEngine
     from engine.replay import replay
-    from simulator.workload import BUNDLED_LENGTHS
+    from simulator.workload.requests import BUNDLED_LENGTHS
 
     rate_per_s = parse_rate(rate)
     try:
@@ -105,7 +105,7 @@ def generate(
                          "kv_cache_dtype": kv_cache_dtype}
     load = engine.expert_load()
     if load:  # a mixture-of-experts model: how its router spread the rows, and the simulator's knob for it
-        from simulator.expert_routing import fit_routing_skew
+        from simulator.cost.moe import fit_routing_skew
 
         per_expert = [sum(layer[e] for layer in load) for e in range(len(load[0]))]
         summary["engine"]["expert_rows"] = per_expert
@@ -181,7 +181,7 @@ def profile(
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
     from dataclasses import replace
 
-    from calibrate.profile import Profiler, ProfileGrid
+    from calibrate.profiler import Profiler, ProfileGrid
     from engine.engine import resolve_device
     from simulator.catalog.hardware import get_accelerator
     from engine.config import DTYPE_BYTES, check_quantization
@@ -250,7 +250,7 @@ def predict(
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
     from simulator.catalog.models import load_model
-    from simulator.cost_model import Chunk, CostModel
+    from simulator.cost.model import Chunk, CostModel
 
     try:
         spec = load_model(model)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.replay import TimedRequest
 from engine.sampling_params import SamplingParams
-from simulator.workload import BUNDLED_LENGTHS, load_length_pairs, sample_lengths
+from simulator.workload.requests import BUNDLED_LENGTHS, load_length_pairs, sample_lengths
 
 # A small Llama-architecture config (GQA, SwiGLU, RoPE) sized for a CPU demo.
 DEMO_MODEL = {

@@ -20,7 +20,7 @@ DEFAULT_SLO = "ttft_p99=2s,tpot_p99=100ms"
 
 
 def default_trace() -> str:
-    from simulator.workload import BUNDLED_LENGTHS
+    from simulator.workload.requests import BUNDLED_LENGTHS
 
     return f"synthetic:num=400,lengths={BUNDLED_LENGTHS},rate=8"
 
@@ -89,11 +89,11 @@ def plan_command(
     """Find the cheapest fleet that meets the SLOs: the fewest replicas of every candidate deployment."""
     from app.cli import console, fail
     from simulator.catalog.hardware import get_accelerator
-    from simulator.planner import run_plan
-    from simulator.search import Candidate, PlanSpec
-    from simulator.sim_config import parse_slos
-    from simulator.study import Study
-    from simulator.synthetic import load_workload
+    from simulator.plan.executors import run_plan
+    from simulator.plan.capacity import Candidate, PlanSpec
+    from simulator.fleet.sim_config import parse_slos
+    from simulator.plan.study import Study
+    from simulator.workload.synthetic import load_workload
 
     try:
         slos = parse_slos(slo)

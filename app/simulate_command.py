@@ -25,9 +25,9 @@ def validation_message(exc: ValidationError) -> str:
 
 
 def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console, workers: int = 1):
-    from simulator.cost_model import CostModel
-    from simulator.run import simulate
-    from simulator.synthetic import load_workload
+    from simulator.cost.model import CostModel
+    from simulator.fleet.run import simulate
+    from simulator.workload.synthetic import load_workload
 
     # Everything that can fail on bad input fails here, before the progress bar.
     config.check()
@@ -145,7 +145,7 @@ def simulate_command(
 ) -> None:
     """Simulate a serving fleet on a trace: latencies, throughput, SLOs, utilization and cost."""
     from app.cli import console, fail
-    from simulator.sim_config import SimConfig
+    from simulator.fleet.sim_config import SimConfig
 
     try:
         config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,

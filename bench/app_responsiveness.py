@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from app.dashboard.inputs import bundled_spec, workload_from_spec
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     # The same question on shorter prompts: the simulator's cost follows the KV blocks it manages.
     conv = args.shared / "traces" / "splitwise_conv.csv"
     if conv.is_file():
-        from simulator.synthetic import load_workload
+        from simulator.workload.synthetic import load_workload
 
         started = time.perf_counter()
         workload = load_workload(f"{conv},limit={args.requests}")

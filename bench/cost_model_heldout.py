@@ -20,7 +20,7 @@ from pathlib import Path
 
 from calibrate.fit import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
 from calibrate.heldout import cpu_held_out, splitwise_check
-from calibrate.profile import Profiler, profile_side_by_side
+from calibrate.profiler import Profiler, profile_side_by_side
 from engine.config import ModelConfig
 
 # Two small Llama-architecture models of different widths, head counts and vocabularies.

@@ -20,7 +20,7 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from simulator.workload import load_length_pairs, sample_lengths
+from simulator.workload.requests import load_length_pairs, sample_lengths
 
 
 def parse_args() -> argparse.Namespace:

@@ -21,10 +21,10 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from simulator.catalog.models import model_config_path
-from simulator.cost_model import CostModel
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.workload import make_workload
+from simulator.cost.model import CostModel
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.requests import make_workload
 
 # (label, weight quantization, KV cache dtype)
 MODES = [("float", None, None), ("int8", "int8", None), ("int4 g128", "int4", None), ("fp8", "fp8", None),

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.workload import make_workload
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.requests import make_workload
 
 # benchmark -> (catalog model, max_model_len, {MLPerf accelerator name -> (catalog id, TP degree per replica)}).
 BENCHMARKS = {

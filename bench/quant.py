@@ -27,11 +27,11 @@ from app.spec_pair_command import DEFAULT_PAIR
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig
 from engine.weights import read_safetensors_dir
-from calibrate.profile import Profiler, ProfileGrid
-from simulator.cost_model import CostModel
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.workload import make_workload
+from calibrate.profiler import Profiler, ProfileGrid
+from simulator.cost.model import CostModel
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.requests import make_workload
 
 # (label, weight quantization, int4 group size, KV cache dtype)
 MODES = [("fp32", None, 128, None), ("int8", "int8", 128, None), ("int4 g32", "int4", 32, None),

@@ -20,9 +20,9 @@ import resource
 import time
 from pathlib import Path
 
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.synthetic import load_workload
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.synthetic import load_workload
 
 VIDUR_REQUESTS_PER_S = 5000 / 19.0
 SYNTHETIC = "synthetic:num={num},input=uniform(50,500),output=uniform(10,100),rate=400"

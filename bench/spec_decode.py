@@ -26,18 +26,18 @@ from pathlib import Path
 import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
-from calibrate.profile import Profiler, ProfileGrid
+from calibrate.profiler import Profiler, ProfileGrid
 from calibrate.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig
 from engine.spec_decode import request_acceptance
 from engine.weights import read_safetensors_dir
 from simulator.catalog.models import load_model
-from simulator.cost_model import CostModel
-from simulator.profile import Profile
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.workload import make_workload
+from simulator.cost.model import CostModel
+from simulator.cost.profile_format import Profile
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.requests import make_workload
 
 PROMPT, OUTPUT, BLOCKS, BUDGET, BLOCK_SIZE = 96, 64, 1024, 256, 16
 SIM_SEEDS = 8

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from calibrate.profile import Profiler, ProfileGrid
+from calibrate.profiler import Profiler, ProfileGrid
 from engine import EngineConfig, LLMEngine, ModelConfig, SamplingParams
-from simulator.run import simulate
-from simulator.sim_config import SimConfig
-from simulator.workload import make_workload
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.requests import make_workload
 
 CACHE = Path.home() / ".cache" / "servecast" / "tp-bench"
 # Wide enough that a step's GEMMs, not the framework, carry most of its time on this CPU.

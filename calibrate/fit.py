@@ -1,4 +1,4 @@
-"""Fit efficiency curves (simulator/efficiency.py) to measured operator times. No torch.
+"""Fit efficiency curves (simulator/cost/efficiency.py) to measured operator times. No torch.
 
 `fit_curve` fits one operator family of one or more profiles by least squares on log time.
 `servecast calibrate` (and `python -m calibrate.fit`) fits the shipped parameter file
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.efficiency import EfficiencyCurve
-from simulator.profile import Measurement
+from simulator.cost.efficiency import EfficiencyCurve
+from simulator.cost.profile_format import Measurement
 
 # Plateaus may exceed 1: a device's measured peaks (a square matmul, a large copy) are not hard
 # limits for every shape (cache-resident weights read faster than a DRAM copy). The cost model
@@ -107,7 +107,7 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
 
 
 def _soft_floor(time, floor, sharpness):
-    """Vectorised simulator.efficiency._soft_floor."""
+    """Vectorised simulator.cost.efficiency._soft_floor."""
     big = np.maximum(time, floor)
     return big * ((time / big) ** sharpness + (floor / big) ** sharpness) ** (1 / sharpness)
 
@@ -146,7 +146,7 @@ def vidur_profiles(sku: str, shared: Path = SHARED) -> list:
 def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
     """GEMM and elementwise curves fitted on the Vidur A100 profiles (fp16)."""
     from simulator.catalog.hardware import get_accelerator
-    from simulator.cost_model import curve_keys_of, work_of
+    from simulator.cost.model import curve_keys_of, work_of
 
     a100 = get_accelerator("a100-80gb")
     groups: dict[str, list[Sample]] = {}
@@ -163,7 +163,7 @@ def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
 def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> dict[str, float]:
     """MAPE of predicting the A40's measured GEMMs (and elementwise ops) from curves fitted on the A100."""
     from simulator.catalog.hardware import get_accelerator
-    from simulator.cost_model import CostModel, work_of
+    from simulator.cost.model import CostModel, work_of
 
     a40 = get_accelerator("a40")
     model = CostModel(a40, dict(curves), {"extrapolated": 0.0, "fitted": 0.0, "interpolated": 0.0, "measured": 0.0})
@@ -212,7 +212,7 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
     from calibrate.heldout import splitwise_rows
     from simulator.catalog.hardware import get_accelerator
     from simulator.catalog.models import load_model
-    from simulator.cost_model import Chunk, CostModel
+    from simulator.cost.model import Chunk, CostModel
 
     spec = load_model("llama-2-70b")
     rows = [r for r in splitwise_rows(shared / "reference" / "perf_model.csv") if r["hardware"] == "a100-80gb"]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.cost_model import Chunk, CostModel
+from simulator.cost.model import Chunk, CostModel
 from simulator.catalog.models import load_model
-from simulator.profile import Measurement, Profile
+from simulator.cost.profile_format import Measurement, Profile
 
 
 def operator_label(m: Measurement) -> str:

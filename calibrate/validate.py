@@ -12,7 +12,7 @@ after it (never on the replay's own steps), and each level is measured `repeats`
 rounds that measure every level once; a level's error is the median over its repeats, and the
 spread is reported with it. Within a replay the speed still changes by several percent from second
 to second: a speed probe timed before every engine step (calibrate/speed_probe.py) measures it,
-and the simulator replays the level at those speeds (simulator/speed_trace.py).
+and the simulator replays the level at those speeds (simulator/fleet/speed_trace.py).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import numpy as np
 import pandas as pd
 
 from calibrate.speed_probe import ProbedClock, SpeedProbe, slowdowns
-from simulator.cost_model import CostModel
-from simulator.profile import Profile
-from simulator.run import SimResult, simulate
-from simulator.sim_config import SimConfig
-from simulator.synthetic import arrival_times
-from simulator.workload import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
+from simulator.cost.model import CostModel
+from simulator.cost.profile_format import Profile
+from simulator.fleet.run import SimResult, simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.synthetic import arrival_times
+from simulator.workload.requests import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
 
 if TYPE_CHECKING:
-    from simulator.speed_trace import SpeedTrace
-    from simulator.step_timer import StepTimer
+    from simulator.fleet.speed_trace import SpeedTrace
+    from simulator.cost.step_timer import StepTimer
 
 LEVELS = {"light": 0.3, "near saturation": 0.9, "overloaded": 1.5}
 METRICS = (("throughput", "output_tokens_per_s"), ("ttft", "p50"), ("ttft", "p90"), ("ttft", "p99"),
@@ -262,7 +262,7 @@ def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
     """The given profile, or a fresh profile of the validation model on this device."""
     if profile is not None:
         return profile
-    from calibrate.profile import Profiler, ProfileGrid
+    from calibrate.profiler import Profiler, ProfileGrid
     from engine.config import ModelConfig
 
     path = folder / "validation-profile.jsonl"
@@ -280,7 +280,7 @@ def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple
     and the drift (median ratio of the new forward times to the old)."""
     from dataclasses import replace
 
-    from calibrate.profile import Profiler, ProfileGrid
+    from calibrate.profiler import Profiler, ProfileGrid
     from engine.config import ModelConfig
 
     base = Profile.load(profile)
@@ -347,11 +347,11 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     With setup.speed_probe, a probe timed before every step (calibrate/speed_probe.py) says how fast
     the machine ran at each moment: the calibration's step times are fitted as they would have been
     at the calibration's usual speed, and the level is simulated at the speed the probe saw during
-    it (simulator/speed_trace.py).
+    it (simulator/fleet/speed_trace.py).
     """
     from engine import LLMEngine
     from engine.replay import replay
-    from simulator.speed_trace import SpeedTrace
+    from simulator.fleet.speed_trace import SpeedTrace
 
     if on_progress:
         on_progress(stage, 0, 1)
@@ -484,7 +484,7 @@ def step_observations(steps: Sequence[RecordedStep], config: SimConfig, cost_mod
     slowdown at it, if given) less the scheduler's time and, after idle, less the wakeup the
     simulator adds on its own (CostModel.predict_idle_wakeup): left in, the fit would charge every
     step of the shapes that follow idle with it."""
-    from simulator.cost_model import Chunk, StepObservation
+    from simulator.cost.model import Chunk, StepObservation
 
     model = config.model_spec()
     slowdown = np.ones(len(steps)) if slowdown is None else slowdown
@@ -513,8 +513,8 @@ def validation_timer(config: SimConfig, cost_model: CostModel, trace: SpeedTrace
     """The StepTimer the validation times engine steps with (one replica, tp 1, unquantized
     weights); with a SpeedTrace, one that scales each step by the trace at the step's start. The
     level's simulation and its step-time errors use the same one, so they agree on every step."""
-    from simulator.speed_trace import SpeedTracedTimer
-    from simulator.step_timer import StepTimer
+    from simulator.fleet.speed_trace import SpeedTracedTimer
+    from simulator.cost.step_timer import StepTimer
 
     model, _, _ = config.check()
     args = (cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)

@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from simulator.profile import Measurement, Profile
+from simulator.cost.profile_format import Measurement, Profile
 
 SKU_TO_HARDWARE = {"a100": "a100-80gb", "a40": "a40", "h100": "h100-sxm"}
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")

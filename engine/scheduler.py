@@ -176,7 +176,7 @@ class Scheduler:
         """Whether the next schedule() will only decode: every running request has just its last
         sampled token to compute and gets its slot without a preemption, and no waiting request
         is admitted (none is offered, or the head is refused). Reads the state, changes nothing.
-        The simulator takes such steps in bulk (simulator/steady_decode.py)."""
+        The simulator takes such steps in bulk (simulator/fleet/steady_decode.py)."""
         if self.config.num_lookahead_tokens or len(self.running) > self.config.max_num_batched_tokens:
             return False
         bm = self.block_manager

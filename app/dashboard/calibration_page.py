@@ -11,8 +11,8 @@ import streamlit as st
 
 from simulator.catalog.hardware import load_hardware
 from simulator.catalog.models import catalog_model_ids, load_model
-from simulator.cost_model import Chunk, CostModel
-from simulator.profile import Profile
+from simulator.cost.model import Chunk, CostModel
+from simulator.cost.profile_format import Profile
 
 # This device's profiles (servecast profile writes under the cache), then the measured profiles
 # the project ships (profiles/: GPU kernel times among them).

@@ -6,8 +6,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from simulator.synthetic import load_workload
-from simulator.workload import BUNDLED_LENGTHS, Workload, WorkloadError
+from simulator.workload.synthetic import load_workload
+from simulator.workload.requests import BUNDLED_LENGTHS, Workload, WorkloadError
 
 MAX_UPLOAD_BYTES = 20 * 2**20
 UPLOAD_SUFFIXES = (".csv", ".jsonl")

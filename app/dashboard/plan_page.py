@@ -11,8 +11,8 @@ from app.dashboard.widgets import trace_input
 from app.html_report import pareto_figure
 from app.plan_command import priced_gpus
 from simulator.catalog.models import catalog_model_ids, load_model
-from simulator.planner import run_plan
-from simulator.search import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.executors import run_plan
+from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -74,7 +74,7 @@ def main() -> None:
 
 
 def cheapest(rows: list[dict]) -> dict | None:
-    """The planner's recommendation (simulator.search.recommend) among these rows."""
+    """The planner's recommendation (simulator.plan.capacity.recommend) among these rows."""
     best = recommend([CandidateResult.from_row(r) for r in rows])
     return best.row() if best is not None else None
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import streamlit as st
 
 from app.dashboard.inputs import bundled_spec, workload_from_spec, workload_from_upload
-from simulator.workload import WorkloadError
+from simulator.workload.requests import WorkloadError
 
 
 def trace_input(key: str):
@@ -71,8 +71,8 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     from pydantic import ValidationError
 
     from app.simulate_command import validation_message
-    from simulator.run import simulate
-    from simulator.sim_config import SimConfig
+    from simulator.fleet.run import simulate
+    from simulator.fleet.sim_config import SimConfig
 
     try:
         config = SimConfig(**fields)

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.dashboard.inputs import MAX_UPLOAD_BYTES, workload_from_upload
-from simulator.workload import WorkloadError
+from simulator.workload.requests import WorkloadError
 
 SHIPPED_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
@@ -160,11 +160,11 @@ def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_pat
 
 def test_a_repeated_question_is_answered_from_the_store_without_simulating(monkeypatch) -> None:
     """Going back to an earlier fleet answers at once: the simulation runs once per question."""
-    import simulator.run
+    import simulator.fleet.run
 
     calls = []
-    simulate = simulator.run.simulate
-    monkeypatch.setattr(simulator.run, "simulate", lambda *a, **k: calls.append(1) or simulate(*a, **k))
+    simulate = simulator.fleet.run.simulate
+    monkeypatch.setattr(simulator.fleet.run, "simulate", lambda *a, **k: calls.append(1) or simulate(*a, **k))
     at = page("explore_page.py")
     at.number_input(key="explore_rate").set_value(3.0).run()
     first = at.metric[1].value

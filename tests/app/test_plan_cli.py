@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from app.cli import app
-from simulator.workload import BUNDLED_LENGTHS
+from simulator.workload.requests import BUNDLED_LENGTHS
 
 TRACE = f"synthetic:num=120,lengths={BUNDLED_LENGTHS},rate=6"
 

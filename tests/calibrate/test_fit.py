@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from calibrate.fit import Sample, fit_curve
-from simulator.efficiency import EfficiencyCurve
+from simulator.cost.efficiency import EfficiencyCurve
 
 PEAK, BANDWIDTH = 1e11, 5e10
 

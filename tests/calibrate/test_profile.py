@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.profile import Profiler, ProfileGrid
+from calibrate.profiler import Profiler, ProfileGrid
 from engine.config import ModelConfig
-from simulator.cost_model import Chunk, CostModel
+from simulator.cost.model import Chunk, CostModel
 from simulator.catalog.models import ModelSpec
-from simulator.profile import Profile
+from simulator.cost.profile_format import Profile
 
 TINY = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, max_position_embeddings=512)
@@ -74,7 +74,7 @@ def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
 
 def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
     from calibrate.heldout import cpu_held_out
-    from calibrate.profile import profile_side_by_side
+    from calibrate.profiler import profile_side_by_side
 
     other = {**TINY, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 3, "num_key_value_heads": 1,
              "vocab_size": 700}
@@ -145,9 +145,9 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     weight-only quantized GEMMs of those shapes."""
     from dataclasses import replace
 
-    from calibrate.profile import Profiler, ProfileGrid
+    from calibrate.profiler import Profiler, ProfileGrid
     from engine.config import ModelConfig
-    from simulator.cost_model import CostModel
+    from simulator.cost.model import CostModel
 
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -166,8 +166,8 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     # layers are the gemm_quant points (8 tokens a step: a profiled size), not fp32 GEMMs.
     import json
 
-    from simulator.sim_config import SimConfig
-    from simulator.step_timer import StepTimer
+    from simulator.fleet.sim_config import SimConfig
+    from simulator.cost.step_timer import StepTimer
 
     hf = tmp_path / "config.json"
     hf.write_text(json.dumps(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -221,7 +221,7 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
     """Steps that verify drafts, observed 1 ms slower than their operators say (the draft ran in
     between), fit the verification terms; plain steps keep their fit (zero verify terms without
     such observations)."""
-    from simulator.cost_model import StepObservation
+    from simulator.cost.model import StepObservation
 
     profile, path = tiny_profile
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
@@ -253,8 +253,8 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
 
 def test_each_sample_can_time_calls_back_to_back(monkeypatch) -> None:
     """On CUDA a sample is several queued calls and one sync; the time is per call."""
-    import calibrate.profile as profile_module
-    from calibrate.profile import ProfileGrid, median_time
+    import calibrate.profiler as profile_module
+    from calibrate.profiler import ProfileGrid, median_time
 
     clock, syncs = [0.0], []
     monkeypatch.setattr(profile_module.time, "perf_counter", lambda: clock[0])

@@ -138,8 +138,8 @@ def test_calibration_steps_are_read_at_the_usual_speed() -> None:
     from types import SimpleNamespace
 
     from calibrate.validate import RecordedStep, step_observations
-    from simulator.cost_model import CostModel
-    from simulator.sim_config import SimConfig
+    from simulator.cost.model import CostModel
+    from simulator.fleet.sim_config import SimConfig
 
     config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm")
     chunk = SimpleNamespace(num_tokens=1, start=99, samples=True)

@@ -62,7 +62,7 @@ def test_bad_expert_counts_are_refused_with_the_fix() -> None:
 
 
 def test_the_engine_counts_rows_per_expert_and_the_skew_fit_reads_them() -> None:
-    from simulator.expert_routing import expert_shares, fit_routing_skew
+    from simulator.cost.moe import expert_shares, fit_routing_skew
 
     engine = LLMEngine.from_hf(hf_model("mixtral-moe"), engine_config(block_size=4, num_blocks=128))
     prompts = random_prompts([12, 30, 7], seed=5)

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import pandas as pd
 import pytest
 
-from simulator.cost_model import CostModel
-from simulator.sim_config import SimConfig
-from simulator.step_timer import StepTimer
-from simulator.workload import Workload, make_workload
+from simulator.cost.model import CostModel
+from simulator.fleet.sim_config import SimConfig
+from simulator.cost.step_timer import StepTimer
+from simulator.workload.requests import Workload, make_workload
 
 
 class FixedStepTimer(StepTimer):

@@ -1,0 +1,147 @@
+"""Memory planning of one replica: weights, activation peak and runtime reserve per GPU, and the
+KV-cache blocks that fit in the rest. No torch.
+
+Per GPU of a replica with tensor parallelism tp and pipeline parallelism pp:
+
+    usable      = memory x gpu_memory_utilization
+    weights     = the largest pipeline stage's parameters / tp x bytes per weight (quantization scales included)
+    activations = a forward over max_num_batched_tokens tokens (hidden states, qkv, MLP, logits of
+                  the sampled rows), as vLLM's profiling run measures it
+    reserve     = runtime context, collective buffers and graph captures (RUNTIME_RESERVE_BYTES,
+                  + COLLECTIVE_RESERVE_BYTES under tp or pp > 1)
+    kv          = usable - weights - activations - reserve  ->  blocks of block_size tokens
+
+Catalog memory sizes are decimal GB (80 GB = 80e9 bytes), like the weights they are compared with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.catalog.hardware import Accelerator
+from simulator.catalog.models import ModelSpec
+from simulator.cost.model import WEIGHT_BYTES
+
+GB = 1e9
+# Bytes per cached K or V element; int8 / fp8 add an fp32 scale per token and head (head_dim elements).
+KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
+KV_SCALE_BYTES = {"fp8": 4, "int8": 4}
+RUNTIME_RESERVE_BYTES = 1.0 * GB
+COLLECTIVE_RESERVE_BYTES = 0.5 * GB
+
+
+class MemoryPlanError(ValueError):
+    """The configuration does not fit; the message names the shortfall and the fix."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    memory_bytes: float  # per GPU
+    usable_bytes: float
+    weight_bytes: float  # per GPU (largest stage)
+    activation_bytes: float
+    reserve_bytes: float
+    kv_bytes_per_token: float  # per GPU, all of its layers, K and V
+    kv_bytes: float
+    block_size: int
+    num_blocks: int  # per pipeline stage group (each GPU holds its layers of every block)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def to_dict(self) -> dict:
+        return {"memory_gb": self.memory_bytes / GB, "usable_gb": self.usable_bytes / GB,
+                "weights_gb": self.weight_bytes / GB, "activations_gb": self.activation_bytes / GB,
+                "reserve_gb": self.reserve_bytes / GB, "kv_cache_gb": self.kv_bytes / GB,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "num_blocks": self.num_blocks,
+                "kv_tokens": self.kv_tokens}
+
+
+def weight_bytes_per_gpu(model: ModelSpec, precision: str, tp: int, pp: int) -> float:
+    """Parameters of the largest pipeline stage on one tensor-parallel shard."""
+    per_weight = WEIGHT_BYTES[precision]
+    embed = model.vocab_size * model.hidden_size
+    per_layer = (model.num_parameters() - embed * (1 if model.tie_word_embeddings else 2)
+                 - model.hidden_size) / model.num_layers
+    layers_per_stage = math.ceil(model.num_layers / pp)
+    # Embedding on the first stage, LM head on the last (the same stage when pp == 1); embeddings
+    # and norms stay in 16 bits under weight-only quantization.
+    ends = embed * (1 if pp > 1 or model.tie_word_embeddings else 2)
+    return (layers_per_stage * per_layer * per_weight + ends * 2.0) / tp
+
+
+def activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int) -> float:
+    # The widest feed-forward a token goes through: a dense MLP, or its k experts and the shared one.
+    h = model.hidden_size
+    ffn = max(model.intermediate_size if model.num_dense_layers or not model.is_moe else 0,
+              model.expert_intermediate_size * model.experts_per_token + model.shared_expert_intermediate_size
+              if model.is_moe else 0)
+    qkv = (model.q_size + 2 * model.kv_size) / tp
+    per_token = (4 * h + qkv + 3 * ffn / tp) * 2.0  # 16-bit activations, live at once at the MLP
+    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size / tp * 4.0  # fp32 logits
+    return max_num_batched_tokens * per_token + logits
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int) -> float:
+    kv_heads = max(model.num_kv_heads // tp, 1)  # KV heads replicate when tp exceeds them
+    layers = math.ceil(model.num_layers / pp)
+    element = KV_BYTES[kv_dtype] * model.head_dim + KV_SCALE_BYTES.get(kv_dtype, 0)
+    return 2.0 * layers * kv_heads * element
+
+
+def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int, weight_precision: str,
+                kv_dtype: str, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
+                max_num_seqs: int, max_model_len: int | None, memory_bytes: float | None = None,
+                draft: ModelSpec | None = None) -> MemoryPlan:
+    """The replica's memory plan; MemoryPlanError with the cause and a fix when it cannot serve.
+    draft: a speculative-decoding draft model, whose weights and KV (a slot per target slot) share
+    the GPUs."""
+    if memory_bytes is None:
+        if accelerator.memory_gb is None:
+            raise MemoryPlanError(f"{accelerator.id} has no memory size in the catalog: set num_gpu_blocks "
+                               "(the KV blocks to simulate) or add memory_gb in a hardware file")
+        memory_bytes = accelerator.memory_gb * GB
+    usable = memory_bytes * gpu_memory_utilization
+    weights = weight_bytes_per_gpu(model, weight_precision, tp, pp)
+    if draft is not None:
+        weights += weight_bytes_per_gpu(draft, weight_precision, tp, pp)
+    if weights > usable:
+        raise MemoryPlanError(_weights_do_not_fit(model, accelerator, weight_precision, tp, pp, usable, memory_bytes,
+                                               gpu_memory_utilization))
+    activations = activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp > 1 else 0.0)
+    kv = usable - weights - activations - reserve
+    per_token = kv_bytes_per_token(model, kv_dtype, tp, pp)
+    if draft is not None:
+        per_token += kv_bytes_per_token(draft, kv_dtype, tp, pp)
+    num_blocks = int(max(kv, 0) // (per_token * block_size))
+    # Without a stated max_model_len the replica serves whatever fits (at least one block).
+    needed = -(-max_model_len // block_size) if max_model_len is not None else 1
+    if num_blocks < needed:
+        raise MemoryPlanError(
+            f"{model.name} on {tp * pp} x {accelerator.id} (tp={tp}, pp={pp}, {weight_precision} weights) leaves "
+            f"{max(kv, 0) / GB:.1f} GB for the KV cache after {weights / GB:.1f} GB of weights and "
+            f"{(activations + reserve) / GB:.1f} GB of activations and reserve: {num_blocks} blocks, fewer than the "
+            f"{needed} one {max_model_len or block_size}-token request needs. Use a larger tp or pp, a smaller weight or KV "
+            "precision, a lower max_num_batched_tokens or a shorter max_model_len")
+    return MemoryPlan(memory_bytes, usable, weights, activations, reserve, per_token, kv, block_size, num_blocks)
+
+
+def _weights_do_not_fit(model: ModelSpec, accelerator: Accelerator, precision: str, tp: int, pp: int,
+                        usable: float, memory: float, utilization: float) -> str:
+    total = weight_bytes_per_gpu(model, precision, 1, 1)
+    fixes = []
+    for more_tp in (2, 4, 8, 16):
+        if more_tp > tp and model.num_heads % more_tp == 0 and weight_bytes_per_gpu(model, precision, more_tp, pp) < usable:
+            fixes.append(f"tp>={more_tp}")
+            break
+    smaller = [p for p in ("fp8", "int8", "int4") if WEIGHT_BYTES[p] < WEIGHT_BYTES[precision]
+               and weight_bytes_per_gpu(model, p, tp, pp) < usable]
+    if smaller:
+        fixes.append("/".join(smaller))
+    fix = " or ".join(fixes) if fixes else "a larger accelerator or more pipeline stages (pp)"
+    return (f"{model.name} at {precision} needs {total / GB:.0f} GB of weights per replica; tp={tp}, pp={pp} on "
+            f"{accelerator.id} has {memory / GB:.0f} GB per GPU ({usable / GB:.0f} GB usable at "
+            f"gpu_memory_utilization={utilization:g}): use {fix}")

@@ -1,0 +1,1 @@
+"""Replicas running the engine's scheduler under SimPy, routers, metrics: `simulate`."""

@@ -1,0 +1,283 @@
+"""One serving replica as SimPy processes: the engine's own scheduler and block manager, with the
+cost model's step time in place of the model runner. No torch.
+
+Each scheduler step is one step of simulated time: schedule() (the engine's code), the step's
+time from the StepTimer, then update() with one sampled token per sampling chunk. A replica with
+pp pipeline stages runs pp virtual engines (vLLM's scheme), each with its own scheduler and a
+1/pp share of the KV blocks and sequences; a micro-batch's step time is its trip through all
+stages, and the pp engines keep the stages busy in turn.
+
+Between two arrivals at the cluster nothing outside a replica can change it, so a replica runs
+the steps that end before the next arrival in a plain loop and yields to SimPy only to cross an
+arrival (the router must see every replica as it is at that instant) or to go idle. The
+decisions and times are those of one event per step; only the event-loop overhead is saved.
+
+Steady decode runs (simulator/fleet/steady_decode.py) go further: during one, nothing the router reads
+changes (outstanding tokens move only when a request arrives or finishes, and a run ends at its
+first finish), so a run is planned up to its first finish and waited out in one SimPy timeout,
+whatever arrives elsewhere meanwhile. An arrival routed to the replica interrupts the wait; the
+replica then takes the steps that began at or before that instant -- the ones the step-by-step
+loop schedules without the newcomer -- and the next step offers it admission, as that loop would
+(unless the scheduler says that step only decodes: then the runs go on).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import simpy
+
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from simulator.fleet import steady_decode
+from simulator.workload.block_keys import BlockKeys
+from engine.sequence import Sequence
+from simulator.fleet.metrics import Recorder
+from simulator.fleet.speculation import Speculation
+from simulator.cost.step_timer import StepTimer
+from simulator.workload.requests import Request
+
+SAMPLED_TOKEN = 0  # the simulator's stand-in for every generated token
+STEADY_RUN_LIMIT = 4096  # most steps applied in one bulk decode run
+
+
+@dataclass
+class ArrivalClock:
+    """Time of the next arrival at the cluster (inf once the workload is exhausted)."""
+
+    next_arrival_s: float = 0.0
+
+
+@dataclass
+class _VirtualEngine:
+    scheduler: object  # engine.scheduler.Scheduler or StaticBatchScheduler
+    wakeup: simpy.Event | None = None
+    outstanding_tokens: int = 0
+    sequences: dict = field(default_factory=dict)
+    process: simpy.Process | None = None
+    loop: Generator | None = None  # the step loop the process runs
+    in_steady_run: bool = False  # waiting out a planned steady decode run (an arrival interrupts it)
+    # Tokens of the step just taken (StepTimer.shape_change); None after idle. Kept only where the
+    # timer charges shape changes.
+    previous_tokens: int | None = None
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
+                 recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
+                 bulk_decodes: bool = True, speculation: Speculation | None = None,
+                 block_keys: BlockKeys | None = None) -> None:
+        self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
+        # Exact prefix-cache keys for the block manager, when its pool runs in exact-key mode.
+        self.block_keys = block_keys
+        self.speculation = speculation  # simulator/fleet/speculation.py, when speculative decoding is on
+        self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
+        # request id -> the token it samples, for every unfinished request (update() reads it).
+        self._sampled: dict = {}
+        self.sample_every_s = sample_every_s
+        # Apply steady decode runs in bulk (simulator/fleet/steady_decode.py); same outcome, fewer calls.
+        # Not under speculation: its steps verify drafts, they are not plain decodes.
+        self.bulk_decodes = bulk_decodes and speculation is None
+        self._next_sample_s = 0.0
+        self.finished_requests = 0
+        self.output_tokens = 0
+        self.busy_s = 0.0
+        for engine in self.engines:
+            engine.loop = self._run(engine)
+            engine.process = env.process(engine.loop)
+
+    def release(self) -> None:
+        """Let go of the engines' schedulers and KV block pools once the run is summarized. The
+        SimPy environment and the replica's processes hold each other, so without this the pools --
+        a few hundred thousand small objects -- would stay until a cyclic collection walked them all,
+        a tenth of a short simulation's time."""
+        for engine in self.engines:
+            engine.loop.close()  # its frame holds the scheduler
+            engine.scheduler, engine.sequences, engine.wakeup = None, {}, None
+        self._sampled = {}
+
+    # -- state the router reads ---------------------------------------------------------------
+    @property
+    def outstanding_tokens(self) -> int:
+        return sum(e.outstanding_tokens for e in self.engines)
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(e.scheduler.num_unfinished for e in self.engines)
+
+    # -- arrivals -----------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
+        seq = Sequence(request.request_id, request.prompt_token_ids(),
+                       SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True),
+                       request.arrival_s)
+        if self.block_keys is not None:
+            seq.block_hashes = self.block_keys.of(request)
+            seq.first_private_block = self.block_keys.first_private(request)
+        try:
+            engine.scheduler.add(seq)
+        except ValueError as exc:  # can never be served here: rejected with the scheduler's reason
+            self.recorder.reject(request.request_id, request.arrival_s, request.prompt_tokens,
+                                 request.output_tokens, str(exc))
+            return
+        engine.sequences[seq.request_id] = seq
+        self._sampled[seq.request_id] = SAMPLED_TOKEN
+        engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
+        if engine.wakeup is not None and not engine.wakeup.triggered:
+            engine.wakeup.succeed()
+        elif engine.in_steady_run:
+            engine.in_steady_run = False
+            engine.process.interrupt()
+
+    # -- the step loop --------------------------------------------------------------------------
+    def _run(self, engine: _VirtualEngine):
+        env, scheduler, timer = self.env, engine.scheduler, self.timer
+        follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
+        cold_s = 0.0  # extra time of the first step after an idle spell
+        while True:
+            if not scheduler.has_unfinished():
+                idle_from = env.now
+                engine.wakeup = env.event()
+                yield engine.wakeup
+                engine.wakeup = None
+                if follows_time:
+                    timer.now = env.now
+                cold_s = timer.wakeup(env.now - idle_from)
+                engine.previous_tokens = None
+            now = env.now
+            while scheduler.has_unfinished():
+                out = scheduler.schedule(now)
+                if out.is_empty:
+                    break  # nothing admissible until something arrives
+                if follows_time:
+                    timer.now = now
+                step_s = timer.step(out.chunks) + cold_s
+                cold_s = 0.0
+                if timer.times_shape_changes:
+                    tokens = out.num_batched_tokens
+                    step_s += timer.shape_change(engine.previous_tokens, tokens)
+                    engine.previous_tokens = tokens
+                sampled = timer.last_sampled  # read now: the timer is shared with other replicas
+                accepted = None
+                if self.speculation is not None:  # drafts proposed before the step, accepted by it
+                    step_s += self.speculation.draft_time(out, scheduler.requests)
+                    accepted = self.speculation.accepted(out, scheduler.requests)
+                    sampled += sum(len(a) for a in accepted.values())
+                self.busy_s += step_s
+                now += step_s
+                if now > self.clock.next_arrival_s:
+                    # This step spans an arrival: let SimPy deliver it at its time.
+                    yield env.timeout(now - env.now)
+                self._apply(engine, out, now, sampled, accepted)
+                if (self.bulk_decodes and timer.times_steady_runs and isinstance(scheduler, Scheduler)
+                        and scheduler.only_decodes_next()):
+                    now = yield from self._steady_runs(engine, now)
+            if now > env.now:
+                yield env.timeout(now - env.now)
+            if scheduler.has_unfinished():
+                # Requests that cannot be scheduled until something changes: wait for an arrival
+                # (requests still here when the workload ends are reported as stuck).
+                engine.wakeup = env.event()
+                yield engine.wakeup
+                engine.wakeup = None
+                engine.previous_tokens = None
+
+    def _steady_runs(self, engine: _VirtualEngine, now: float):
+        """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
+        time the last step taken ends, which env.now has reached.
+
+        A run ends at the step where a request finishes, or where an arrival routed here comes
+        in (see the module's docstring). The next run follows without a scheduler step when the
+        scheduler's next step would only decode (Scheduler.only_decodes_next): always with nobody
+        waiting, otherwise when the waiting head would be refused."""
+        env, scheduler = self.env, engine.scheduler
+        while True:
+            steps, context = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
+            if steps <= 0:
+                return now
+            batch = len(scheduler.running)
+            first_extra_s = self.timer.shape_change(engine.previous_tokens, batch)
+            run = self.timer.plan_steady_run(scheduler.running, steps, now, context, first_extra_s)
+            # Timed as far as the next arrival (which ends the run if it comes here), then further
+            # if it went elsewhere: runs are often cut short, and timing a step is a cost.
+            run.plan_until(self.clock.next_arrival_s)
+            ends = run.end_times
+            engine.in_steady_run = True
+            try:
+                while True:
+                    yield env.timeout(ends[-1] - env.now)
+                    if len(ends) == steps:
+                        break
+                    run.plan_until(self.clock.next_arrival_s)
+                taken = steps
+            except simpy.Interrupt:
+                # Steps that began at or before the arrival (the first began at `now`) are scheduled
+                # without it; the one after them admits it (it may begin at the arrival's instant).
+                taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+                run.plan(taken)
+            interrupted = not engine.in_steady_run
+            engine.in_steady_run = False
+            if ends[taken - 1] > env.now:
+                # Finish the step the arrival came in before booking it, as the step-by-step loop
+                # does: its finishes must not show before that step ends (the router reads them).
+                yield env.timeout(ends[taken - 1] - env.now)
+            run.commit(taken)
+            engine.previous_tokens = batch
+            times = ends[:taken]
+            finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
+            self.busy_s += times[-1] - now
+            self.output_tokens += taken * batch
+            now = times[-1]
+            for done in finished:
+                self._retire(engine, done.request_id)
+            if now >= self._next_sample_s:
+                self._next_sample_s = now + self.sample_every_s
+                self._sample(now, batch)
+            if interrupted:
+                # An arrival: it may be admitted next, unless it queued behind a refused head.
+                if len(scheduler.waiting) <= 1 or not scheduler.only_decodes_next():
+                    return now
+            elif scheduler.waiting and finished and not scheduler.only_decodes_next():
+                return now  # the blocks freed admit a waiting request: a scheduler step
+
+    def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
+               accepted: dict | None = None) -> None:
+        finished = engine.scheduler.update(out, self._sampled, now, accepted)
+        if self.recorder.watch is not None:
+            # First tokens come from prompt chunks (steady decode runs never make one); told before
+            # the finished retire, so a one-token request is told of its first token too.
+            sequences = engine.sequences
+            for chunk in out.chunks:
+                if chunk.is_prefill and chunk.samples:
+                    seq = sequences[chunk.request_id]
+                    if seq.first_token_time == now:
+                        self.recorder.first_token(seq)
+        self.output_tokens += sampled
+        for f in finished:
+            self._retire(engine, f.request_id)
+        if now >= self._next_sample_s:
+            self._next_sample_s = now + self.sample_every_s
+            self._sample(now, out.num_batched_tokens)
+
+    def _retire(self, engine: _VirtualEngine, request_id: str) -> None:
+        """Book a request the scheduler has finished."""
+        seq = engine.sequences.pop(request_id)
+        if self.speculation is not None:
+            self.speculation.forget(request_id)
+        del self._sampled[request_id]
+        engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
+        self.finished_requests += 1
+        self.recorder.finish(seq, self.index)
+
+    def _sample(self, now: float, batch_tokens: int) -> None:
+        running = [seq for e in self.engines for seq in e.scheduler.running]
+        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines), len(running),
+                             sum(len(seq.token_ids) for seq in running), self.kv_utilization, batch_tokens,
+                             self.finished_requests, self.output_tokens)
+
+    @property
+    def kv_utilization(self) -> float:
+        return sum(e.scheduler.block_manager.usage for e in self.engines) / len(self.engines)

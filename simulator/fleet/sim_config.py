@@ -1,0 +1,201 @@
+"""SimConfig: everything one simulation needs besides the workload. No torch.
+
+Field names are the CLI's flags in kebab case (DESIGN.md). `SimConfig.check()` resolves the model
+and hardware and plans memory, so an inconsistent configuration fails before any simulation with a
+message that names the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from simulator.catalog.hardware import Accelerator, get_accelerator
+from simulator.catalog.models import ModelSpec, load_model
+from simulator.cost.memory import MemoryPlan, plan_memory
+
+WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
+ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
+Router = Literal["round_robin", "least_outstanding_tokens", "prefix_affinity"]
+SchedulerKind = Literal["continuous", "static"]
+
+_SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean)$")
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|s|us)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'2s', '100ms', '250us', '0.5' (seconds) -> seconds."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"{text!r} is not a duration: write e.g. 2s, 100ms or 0.5")
+    value = float(match.group(1))
+    return value * {"ms": 1e-3, "us": 1e-6}.get(match.group(2) or "s", 1.0)
+
+
+def parse_slos(text: str) -> dict[str, float]:
+    """'ttft_p99=2s,tpot_p99=100ms' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
+    slos = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"SLO {item!r} is not metric=limit, e.g. ttft_p99=2s")
+        slos[key.strip()] = parse_duration(value)
+    return slos
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="catalog id (llama-3.1-8b) or a path to an HF config.json")
+    hardware: str = Field(description="catalog id (a100-80gb, h100-sxm, ...) or a profiled device (cpu-local)")
+    hardware_file: str | None = Field(default=None, description="YAML file with extra accelerators")
+    profile: str | None = Field(default=None, description="servecast profile of the hardware (needed for *-local)")
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    replicas: int = Field(default=1, ge=1, le=4096)
+    quant: WeightPrecision = Field(default="bf16", description="weight precision")
+    kv_dtype: KVDtype = "auto"
+    # What GEMMs compute in: auto = bf16 under weight-only int8/int4 (W8A16/W4A16), fp8 with fp8
+    # weights, else the weights' own; fp32 models servecast's CPU engine, whose quantized layers
+    # take fp32 activations.
+    activation_dtype: ActivationDtype = "auto"
+    block_size: int = Field(default=16, ge=1, le=1024)
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_model_len: int | None = Field(default=None, ge=2)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    num_gpu_blocks: int | None = Field(default=None, ge=1, description="KV blocks per replica, instead of planning memory")
+    scheduler: SchedulerKind = "continuous"
+    router: Router = "round_robin"
+    slo: dict[str, float] = Field(default_factory=dict, description="e.g. {'ttft_p99': 2.0, 'tpot_p99': 0.1}")
+    seed: int = 0
+    timeseries_interval_s: float | None = Field(default=None, gt=0)
+    # Speculative decoding (simulator/fleet/speculation.py): the proposer, draft tokens per verification,
+    # and acceptance -- a per-token rate, or the engine's measured per-position profile (the
+    # acceptance.json `servecast train-pair` / `servecast acceptance` write).
+    speculative: Literal["ngram", "draft"] | None = None
+    num_speculative_tokens: int = Field(default=0, ge=0, le=8)
+    acceptance: float | None = Field(default=None, ge=0.0, le=1.0,
+                                     description="probability each draft is accepted given the ones before were")
+    acceptance_file: str | None = None
+    draft_model: str | None = Field(default=None, description="the draft's catalog id or config.json (speculative=draft)")
+    draft_profile: str | None = Field(default=None, description="a profile of the draft on this hardware "
+                                                                "(default: the target's cost model, draft shapes)")
+    # Mixture-of-experts models (simulator/cost/moe.py): whole experts per tensor-parallel rank
+    # with all-to-all (expert parallel) instead of a slice of every expert; the router's imbalance
+    # (0: uniform; s > 0: Zipf shares 1/(e+1)^s, a few hot experts).
+    expert_parallel: bool = False
+    routing_skew: float = Field(default=0.0, ge=0.0, le=4.0)
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _parse_slo(cls, value):
+        return parse_slos(value) if isinstance(value, str) else value
+
+    @field_validator("slo")
+    @classmethod
+    def _check_slo(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, limit in value.items():
+            if not _SLO_KEY.match(key):
+                raise ValueError(f"unknown SLO {key!r}: use (ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean), e.g. ttft_p99")
+            if not (limit > 0 and math.isfinite(limit)):
+                raise ValueError(f"SLO {key} must be a positive time in seconds, got {limit}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SimConfig":
+        if self.speculative is not None:
+            if not 1 <= self.num_speculative_tokens <= 8:
+                raise ValueError("speculative decoding needs num_speculative_tokens between 1 and 8")
+            if (self.acceptance is None) == (self.acceptance_file is None):
+                raise ValueError("speculative decoding needs the draft acceptance: give acceptance (a rate) or "
+                                 "acceptance_file (measured per position), one of them")
+            if self.speculative == "draft" and self.draft_model is None:
+                raise ValueError("speculative=draft needs draft_model (a catalog id or config.json) for its cost")
+            if self.scheduler != "continuous":
+                raise ValueError("speculative decoding runs in the continuous-batching scheduler: use scheduler=continuous")
+        if self.max_model_len is not None and self.max_num_batched_tokens < self.max_model_len \
+                and not self.enable_chunked_prefill:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
+                             f"{self.max_model_len} without chunked prefill, so long prompts could never be "
+                             "scheduled: enable chunked prefill or raise max_num_batched_tokens")
+        return self
+
+    # -- resolution (raises ValueError with the cause and the fix) ------------------------------
+    def model_spec(self) -> ModelSpec:
+        return load_model(self.model)
+
+    def accelerator(self) -> Accelerator:
+        return get_accelerator(self.hardware, self.hardware_file)
+
+    @property
+    def compute_dtype(self) -> str:
+        """GEMMs run in 16 bits under weight-only quantization, in fp8 with fp8 weights (unless
+        activation_dtype says otherwise)."""
+        if self.activation_dtype != "auto":
+            return self.activation_dtype
+        return "fp32" if self.quant == "fp32" else ("fp8" if self.quant == "fp8" else "bf16")
+
+    @property
+    def cache_dtype(self) -> str:
+        if self.kv_dtype != "auto":
+            return self.kv_dtype
+        return "fp32" if self.compute_dtype == "fp32" else "bf16"
+
+    def resolved_max_model_len(self, model: ModelSpec, plan: MemoryPlan) -> int:
+        """The stated max_model_len, else the model's context capped at what the KV cache holds
+        (longer requests are then rejected with that reason)."""
+        return self.max_model_len or min(model.max_position_embeddings, plan.kv_tokens)
+
+    def check(self) -> tuple[ModelSpec, Accelerator, MemoryPlan]:
+        model, accelerator = self.model_spec(), self.accelerator()
+        if model.num_heads % self.tp:
+            divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and d <= 16]
+            raise ValueError(f"tp={self.tp} does not divide {model.name}'s {model.num_heads} attention heads: "
+                             f"use tp in {divisors}")
+        if self.expert_parallel:
+            model.check_expert_parallel(self.tp)
+        if self.pp > model.num_layers:
+            raise ValueError(f"pp={self.pp} exceeds {model.name}'s {model.num_layers} layers: use pp <= {model.num_layers}")
+        if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:
+            raise ValueError(f"{accelerator.id} has no fp8 tensor cores in the catalog: use quant=int8 or int4 "
+                             "(weight-only) or an fp8-capable accelerator (h100-sxm, h200, l40s, mi300x, ...)")
+        draft = self.draft_spec(model)
+        if self.num_gpu_blocks is not None:
+            blocks = self.num_gpu_blocks
+            if self.max_model_len is not None and blocks * self.block_size < self.max_model_len:
+                raise ValueError(f"num_gpu_blocks={blocks} x block_size={self.block_size} holds fewer tokens than "
+                                 f"max_model_len={self.max_model_len}: raise num_gpu_blocks or lower max_model_len")
+            from simulator.cost.memory import kv_bytes_per_token
+            per_token = kv_bytes_per_token(model, self.cache_dtype, self.tp, self.pp)
+            plan = MemoryPlan(0.0, 0.0, 0.0, 0.0, 0.0, per_token, blocks * self.block_size * per_token,
+                              self.block_size, blocks)
+        else:
+            plan = plan_memory(model, accelerator, tp=self.tp, pp=self.pp, weight_precision=self.quant,
+                               kv_dtype=self.cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+                               block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, draft=draft)
+        return model, accelerator, plan
+
+    def draft_spec(self, model: ModelSpec) -> ModelSpec | None:
+        """The speculative draft model (speculative=draft), checked against the target."""
+        if self.speculative != "draft":
+            return None
+        draft = load_model(self.draft_model)
+        if draft.vocab_size != model.vocab_size:
+            raise ValueError(f"draft {draft.name} has a {draft.vocab_size}-token vocabulary, {model.name} "
+                             f"{model.vocab_size}: a draft must share the target's tokenizer")
+        if draft.num_heads % self.tp:
+            raise ValueError(f"tp={self.tp} does not divide draft {draft.name}'s {draft.num_heads} heads: "
+                             "pick a draft whose heads tp divides")
+        return draft
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.replicas

@@ -1,0 +1,1 @@
+"""Requests in: trace files, synthetic specs, and the block keys of their prompts."""

@@ -1,0 +1,234 @@
+"""The cost model: interpolation of profiles, monotonicity, roofline bounds, provenance, step times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.catalog import get_accelerator, load_hardware, load_model
+from simulator.cost.model import Chunk, CostModel
+from simulator.cost.efficiency import gemm_work
+from simulator.cost.profile_format import Measurement, Profile
+
+
+def gemm_profile(hardware: str = "a100-80gb") -> Profile:
+    profile = Profile(hardware, {"device_name": "test"}, {}, "test")
+    for m, t in [(1, 10e-6), (16, 12e-6), (64, 20e-6), (256, 60e-6), (1024, 220e-6)]:
+        profile.measurements.append(Measurement.make("gemm", t, name="qkv_proj", m=m, n=4096, k=4096, dtype="fp16"))
+    return profile
+
+
+def test_interpolation_reproduces_profiled_points_and_says_so() -> None:
+    model = CostModel.load("a100-80gb", profile=gemm_profile())
+    for m in gemm_profile().of("gemm"):
+        p = model.predict_gemm(m.get("m"), 4096, 4096, "fp16")
+        assert p.time_s == pytest.approx(m.time_s) and p.provenance == "measured"
+    between = model.predict_gemm(128, 4096, 4096, "fp16")
+    assert 20e-6 < between.time_s < 60e-6 and between.provenance == "interpolated"
+    beyond = model.predict_gemm(2048, 4096, 4096, "fp16")
+    assert beyond.time_s == pytest.approx(440e-6)  # proportional to size past the grid
+    other_shape = model.predict_gemm(128, 1024, 4096, "fp16")
+    assert other_shape.provenance == "fitted"
+
+
+def test_non_monotone_measurements_still_give_monotone_predictions() -> None:
+    profile = gemm_profile()
+    profile.measurements.append(Measurement.make("gemm", 15e-6, m=128, n=4096, k=4096, dtype="fp16"))  # a dip
+    model = CostModel.load("a100-80gb", profile=profile)
+    times = [model.gemm(m, 4096, 4096, "fp16") for m in range(1, 3000, 7)]
+    assert all(a <= b for a, b in zip(times, times[1:]))
+
+
+@pytest.mark.parametrize("hardware", sorted(h for h, a in load_hardware().items() if not a.profiled))
+def test_predictions_are_monotone_and_never_beat_the_roofline(hardware: str) -> None:
+    model = CostModel.load(hardware)
+    acc = get_accelerator(hardware)
+    dtype = "bf16"
+    for n, k in [(4096, 4096), (12288, 4096), (128256, 8192), (1024, 128)]:
+        previous = 0.0
+        for m in [1, 2, 8, 32, 128, 512, 2048, 8192, 32768]:
+            t = model.gemm(m, n, k, dtype)
+            flops, nbytes = gemm_work(m, n, k, dtype)
+            assert t >= max(flops / acc.peak_flops(dtype), nbytes / acc.memory_bandwidth)
+            assert t >= previous
+            previous = t
+    previous = 0.0
+    for kv in [16, 128, 1024, 8192]:
+        t = model.attention_decode(8, kv, 32, 8, 128, dtype)
+        assert t >= previous
+        previous = t
+    assert model.attention_prefill(512, 512, 32, 8, 128, dtype) < model.attention_prefill(512, 4096, 32, 8, 128, dtype)
+
+
+def test_decode_attention_accepts_one_length_per_sequence() -> None:
+    model = CostModel.load("h100-sxm")
+    assert model.attention_decode(3, [100, 200, 300], 32, 8, 128, "bf16") == pytest.approx(
+        model.attention_decode(3, 200, 32, 8, 128, "bf16"))
+    with pytest.raises(ValueError, match="3 context lengths for a batch of 2"):
+        model.attention_decode(2, [1, 2, 3], 32, 8, 128, "bf16")
+
+
+def test_faster_hardware_predicts_faster_steps() -> None:
+    spec = load_model("llama-2-7b")
+    prefill = [Chunk(1024, 1024)]
+    decode = [Chunk(1, 2048)] * 32
+    for chunks in (prefill, decode):
+        times = {h: CostModel.load(h).step_time(chunks, spec).total_s for h in ("l4", "a100-80gb", "h100-sxm", "b200")}
+        assert times["l4"] > times["a100-80gb"] > times["h100-sxm"] > times["b200"]
+    # Decode is bandwidth-bound: H200 (4.8 TB/s) beats H100 (3.35 TB/s) at the same compute peak.
+    assert CostModel.load("h200").step_time(decode, spec).total_s < CostModel.load("h100-sxm").step_time(
+        decode, spec).total_s
+
+
+def test_step_time_tensor_parallel_and_breakdown() -> None:
+    spec = load_model("llama-2-70b")
+    model = CostModel.load("h100-sxm")
+    chunks = [Chunk(512, 512), Chunk(1, 700, True), Chunk(1, 900, True)]
+    tp1 = model.step_time(chunks, spec, tp=1)
+    tp4 = model.step_time(chunks, spec, tp=4)
+    assert tp4.total_s < tp1.total_s and "all_reduce" in tp4.by_operator and "all_reduce" not in tp1.by_operator
+    assert tp1.total_s == pytest.approx(sum(tp1.by_operator.values()))
+    assert set(tp1.provenance.values()) == {"extrapolated"}
+    assert model.step_time([], spec).total_s == 0.0
+
+
+def test_profiled_device_needs_its_profile() -> None:
+    with pytest.raises(ValueError, match="pass its profile"):
+        CostModel.load("cpu-local")
+    with pytest.raises(ValueError, match="the profile is of 'a100-80gb'"):
+        CostModel.load("h100-sxm", profile=gemm_profile())
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"op": "gemm", "m": 1, "n": 2, "dtype": "fp16", "time_s": 1e-5}', "lacks k"),
+    ('{"op": "gemm", "m": 1, "n": 2, "k": 3, "dtype": "fp16", "time_s": -1}', "time_s must be a positive"),
+    ('{"op": "gemm", "m": 1, "n": 2, "k": 3, "dtype": "fp16", "time_s": NaN}', "time_s must be a positive"),
+    ('{"op": "warp", "time_s": 1}', "unknown op"),
+    ('not json', "not JSON"),
+])
+def test_bad_profiles_are_rejected_with_the_line(tmp_path, line, message) -> None:
+    path = tmp_path / "p.jsonl"
+    header = {"format": "servecast-profile", "version": 1, "hardware": "a100-80gb", "fingerprint": {}, "peaks": {}}
+    path.write_text(json.dumps(header) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=message) as err:
+        Profile.load(path)
+    assert f"{path}:2" in str(err.value)
+
+
+def test_profile_of_an_unknown_device_is_rejected(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    gemm_profile("a100-80gb").save(path)
+    text = path.read_text().replace('"a100-80gb"', '"warp-drive"')
+    path.write_text(text)
+    with pytest.raises(ValueError, match="unknown device 'warp-drive'"):
+        Profile.load(path, known_hardware=set(load_hardware()))
+    with pytest.raises(ValueError, match="unknown hardware 'warp-drive'"):
+        CostModel.load("warp-drive", profile=path)
+
+
+def test_idle_wakeup_is_zero_without_measurements_and_interpolated_with_them() -> None:
+    plain = CostModel.load("a100-80gb", profile=gemm_profile())
+    assert plain.predict_idle_wakeup(1.0).time_s == 0.0
+    profile = gemm_profile()
+    profile.measurements += [Measurement.make("idle_wakeup", 0.4e-3, idle_ms=5),
+                             Measurement.make("idle_wakeup", 1.2e-3, idle_ms=50)]
+    model = CostModel.load("a100-80gb", profile=profile)
+    assert model.predict_idle_wakeup(0.001).time_s == 0.0  # shorter than any idle measured
+    assert model.predict_idle_wakeup(0.005).time_s == pytest.approx(0.4e-3)
+    assert 0.4e-3 < model.predict_idle_wakeup(0.02).time_s < 1.2e-3
+    assert model.predict_idle_wakeup(10.0).time_s == pytest.approx(1.2e-3)  # flat beyond the longest
+
+
+def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> None:
+    """Steps timed on a shared machine scatter (here lognormally, 30 %). Fitting relative errors
+    against the measured times would land below the typical step; summed step times (TPOT,
+    throughput) need the mean, for every batch size observed."""
+    import numpy as np
+
+    from simulator.cost.model import StepObservation
+
+    cm = CostModel.load("a100-80gb")
+    model = load_model("llama-3.1-8b")
+    rng = np.random.default_rng(0)
+    noise = 0.3
+    steps, true_times = [], {}
+    for batch in (1, 2, 4, 8, 16, 32):
+        chunks = [Chunk(1, 512)] * batch
+        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        true_times[batch] = ops + 40e-6 + 5e-6 * batch  # host work per step and per chunk
+        count = 400 if batch == 1 else 40  # light traffic: most steps decode one request
+        for factor in rng.lognormal(-noise ** 2 / 2, noise, count):  # mean 1
+            steps.append(StepObservation(chunks, model, "bf16", None, true_times[batch] * factor))
+    fitted = CostModel.load("a100-80gb")
+    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    for batch, true_s in true_times.items():
+        chunks = [Chunk(1, 512)] * batch
+        predicted = fitted.step_time(chunks, model, 1, "bf16").total_s - fitted.predict_step_overhead(batch).time_s
+        assert predicted == pytest.approx(true_s, rel=0.04), batch
+
+
+@pytest.mark.parametrize("hardware, model, tp, weight_dtype, profile", [
+    ("h100-sxm", "llama-3.1-8b", 1, None, None),
+    ("a100-80gb", "llama-3.1-70b", 4, None, None),
+    ("h100-sxm", "llama-3.1-8b", 2, "int4", None),
+    ("l40s", "qwen2.5-7b", 1, "fp8", None),
+    ("h200", "llama-3.1-8b", 1, None, "profiles/h200-llama-3.1-8b-bf16-gemm.jsonl"),
+])
+def test_the_token_ops_timer_is_add_token_ops_to_the_bit(hardware, model, tp, weight_dtype, profile) -> None:
+    """The simulator's hoisted per-step sum equals the cost model's operator by operator sum exactly,
+    measured (profiled GEMMs) and extrapolated alike."""
+    from pathlib import Path
+
+    from simulator.cost.model import StepCost
+
+    root = Path(__file__).resolve().parents[3]
+    costs = CostModel.load(hardware, profile=str(root / profile) if profile else None)
+    spec = load_model(model)
+    timer = costs.token_ops_timer(spec, tp, "bf16", weight_dtype)
+    for tokens in (1, 2, 3, 7, 16, 100, 257, 1000, 2048, 4097, 8192, 12345):
+        cost = StepCost(0.0)
+        costs.add_token_ops(cost, tokens, spec, tp, "bf16", weight_dtype=weight_dtype)
+        assert timer(tokens) == (cost.total_s, cost.by_operator.get("all_reduce", 0.0)), tokens
+
+
+def test_mixture_of_experts_models_keep_the_full_token_ops_path() -> None:
+    assert CostModel.load("h100-sxm").token_ops_timer(load_model("mixtral-8x7b"), 2, "bf16") is None
+
+
+def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
+    """Engine steps observed in order: a step whose token count differs from the one before
+    costs a part per halving and a part per doubling of it. The fit finds both; steps repeated
+    back to back (previous_tokens None or equal) fit as before, and no shape terms appear without
+    changes."""
+    import numpy as np
+
+    from simulator.cost.model import SHAPE_CHANGE_TERMS, StepObservation, shape_change_features
+
+    model = load_model("llama-3.1-8b")
+    cm = CostModel.load("a100-80gb")
+    per_halving_s, per_doubling_s = 100e-6, 250e-6
+    rng = np.random.default_rng(1)
+    sizes = [1, 2, 3, 4, 8, 16, 64, 256]
+    steps, previous = [], None
+    for _ in range(600):
+        tokens = int(rng.choice(sizes)) if rng.random() < 0.3 or previous is None else previous
+        chunks = [Chunk(1, 300)] * tokens if tokens <= 16 else [Chunk(tokens, tokens)]
+        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        halvings, doublings = shape_change_features(previous, tokens)
+        steps.append(StepObservation(chunks, model, "bf16", None,
+                                     ops + 40e-6 + halvings * per_halving_s + doublings * per_doubling_s, previous))
+        previous = tokens
+    fitted = CostModel.load("a100-80gb")
+    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    assert fitted.framework["step_per_halving_s"] == pytest.approx(per_halving_s, rel=0.05)
+    assert fitted.framework["step_per_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
+    assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
+    assert fitted.predict_shape_change(2, 8).time_s == pytest.approx(2 * per_doubling_s, rel=0.05)
+    assert fitted.predict_shape_change(4, 4).time_s == 0.0 and fitted.predict_shape_change(None, 4).time_s == 0.0
+
+    repeated = [StepObservation(o.chunks, o.model, o.dtype, o.block_size, o.forward_s) for o in steps]
+    plain = CostModel.load("a100-80gb")
+    plain.fit_framework(Profile("a100-80gb", {}, {}, "test"), repeated)
+    assert not set(SHAPE_CHANGE_TERMS) & set(plain.framework)
+    assert plain.predict_shape_change(256, 1).time_s == 0.0

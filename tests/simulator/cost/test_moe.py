@@ -1,0 +1,133 @@
+"""Mixture-of-experts step costs: expected expert load, the read-all-experts / compute-bound regimes,
+expert parallelism and routing skew, memory of all experts, profiled expert points."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.catalog import load_model
+from simulator.cost.model import CostModel, StepCost
+from simulator.cost.moe import expert_shares, placement, step_load
+from simulator.cost.memory import weight_bytes_per_gpu
+from simulator.cost.profile_format import Measurement, Profile
+from simulator.fleet.run import simulate
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.synthetic import load_workload
+
+
+def test_uniform_routing_spreads_every_pick_and_touches_experts_as_expected() -> None:
+    for tokens in (1, 3, 16, 500):
+        load = step_load(tokens, 8, 2)
+        assert load.rows == pytest.approx(2 * tokens)
+        assert load.active_experts == pytest.approx(8 * (1 - (1 - 2 / 8) ** tokens))
+        assert load.active_experts <= min(8, 2 * tokens) + 1e-9
+    assert step_load(1, 8, 2).active_experts == pytest.approx(2.0)  # one token: exactly its k experts
+    assert step_load(10_000, 8, 2).active_experts == pytest.approx(8.0)
+
+
+def test_skew_loads_the_hottest_rank_more() -> None:
+    assert sum(expert_shares(16, 1.2)) == pytest.approx(1.0)
+    assert sorted(sum(placement(16, 4), [])) == list(range(16))
+    even, skewed = step_load(256, 16, 2, 0.0, ranks=4), step_load(256, 16, 2, 1.2, ranks=4)
+    assert even.rows == pytest.approx(256 * 2 / 4)
+    assert skewed.rows > even.rows
+
+
+def moe_layer_time(cost_model: CostModel, model, tokens: int, **kwargs) -> float:
+    cost = StepCost(0.0)
+    cost_model.add_moe(cost, tokens, model, kwargs.pop("tp", 1), "bf16", 1, **kwargs)
+    return cost.by_operator["moe_experts"]
+
+
+def test_few_tokens_read_few_experts_and_many_tokens_amortize_them() -> None:
+    cm = CostModel.load("h100-sxm")
+    mixtral = load_model("mixtral-8x7b")
+    one, four, many = (moe_layer_time(cm, mixtral, t) for t in (1, 4, 2048))
+    # One token reads 2 experts' weights; four tokens touch ~5.4 of 8: memory-bound, so the time
+    # grows with the experts touched, far less than with the tokens.
+    assert 1.5 < four / one < 5.4 / 2 + 0.5
+    # Many tokens: every expert is touched and compute dominates; per token far cheaper.
+    assert many / 2048 < one / 20
+
+
+def test_expert_parallel_adds_all_to_all_and_skew_slows_it() -> None:
+    cm = CostModel.load("h100-sxm")
+    mixtral = load_model("mixtral-8x7b")
+    plain, ep, skewed = StepCost(0.0), StepCost(0.0), StepCost(0.0)
+    cm.add_token_ops(plain, 512, mixtral, 4, "bf16")
+    cm.add_token_ops(ep, 512, mixtral, 4, "bf16", expert_parallel=True)
+    cm.add_token_ops(skewed, 512, mixtral, 4, "bf16", expert_parallel=True, routing_skew=1.5)
+    assert "all_to_all" in ep.by_operator and "all_to_all" not in plain.by_operator
+    assert skewed.by_operator["moe_experts"] > ep.by_operator["moe_experts"]
+
+
+def test_memory_counts_every_expert() -> None:
+    mixtral = load_model("mixtral-8x7b")
+    assert weight_bytes_per_gpu(mixtral, "bf16", 2, 1) == pytest.approx(46.7e9 * 2 / 2, rel=0.01)
+
+
+def test_profiled_expert_points_are_used_and_interpolated_between_expert_counts() -> None:
+    profile = Profile("a100-80gb", {"device_name": "test"}, {}, "test")
+    for active, base in ((1, 100e-6), (4, 400e-6)):
+        for rows, extra in ((1, 0.0), (16, 50e-6)):
+            profile.measurements.append(Measurement.make("moe_experts", base + active * extra, rows=rows, active=active,
+                                                         hidden=64, ffn=96, dtype="bf16"))
+    cm = CostModel.load("a100-80gb", profile=profile)
+    at_one = cm.predict_moe_experts(1, 1, 64, 96, "bf16")
+    assert at_one.time_s == pytest.approx(100e-6) and at_one.provenance == "measured"
+    between = cm.predict_moe_experts(1, 2.5, 64, 96, "bf16")
+    assert between.time_s == pytest.approx(250e-6)
+    other_shape = cm.predict_moe_experts(1, 2, 64, 128, "bf16")
+    assert other_shape.provenance == "extrapolated"
+
+
+def test_moe_models_simulate_and_bad_expert_parallel_configs_are_refused() -> None:
+    workload = load_workload("synthetic:num=60,input=uniform(50,400),output=uniform(20,120),rate=10", seed=0)
+    for model in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite", "llama-4-scout"):
+        tp = 4 if model == "llama-4-scout" else 2
+        result = simulate(SimConfig(model=model, hardware="h100-sxm", tp=tp, expert_parallel=True), workload)
+        assert result.summary["num_finished"] == 60
+        assert result.summary["time_split_s"]["communication"] > 0
+    with pytest.raises(ValueError, match="is dense"):
+        SimConfig(model="llama-3.1-8b", hardware="h100-sxm", tp=2, expert_parallel=True).check()
+    with pytest.raises(ValueError, match="cannot split qwen1.5-moe-a2.7b's 60 experts evenly"):
+        SimConfig(model="qwen1.5-moe-a2.7b", hardware="h100-sxm", tp=8, expert_parallel=True).check()
+
+
+def test_a_step_reads_the_experts_it_touches() -> None:
+    from simulator.cost.step_timer import StepTimer
+
+    mixtral = load_model("mixtral-8x7b")
+    timer = StepTimer(CostModel.load("h100-sxm"), mixtral, tp=1)
+    per_expert = 3 * 4096 * 14336 * 2 * 32  # bf16 bytes of one expert in every layer
+    one, many = timer.weight_bytes(1), timer.weight_bytes(4096)
+    assert many - one == pytest.approx(6 * per_expert, rel=1e-6)  # 2 experts per layer -> all 8
+    dense = StepTimer(CostModel.load("h100-sxm"), load_model("llama-3.1-8b"))
+    assert dense.weight_bytes(1) == dense.weight_bytes(4096)
+
+
+def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() -> None:
+    from simulator.cost.model import MOE_TERMS, Chunk, StepObservation, moe_host_features
+
+    cm = CostModel.load("a100-80gb")
+    mixtral, dense = load_model("mixtral-8x7b"), load_model("llama-3.1-8b")
+
+    def observed(model, batch: int, host_s: float) -> StepObservation:
+        chunks = [Chunk(1, 512)] * batch
+        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        return StepObservation(chunks, model, "bf16", None, ops + host_s)
+
+    # Host work of 20 us per MoE layer and 5 us per expert touched in it, on top of the operators.
+    def host(model, batch):
+        layers, touched = moe_host_features(model, batch)
+        return 20e-6 * layers + 5e-6 * touched
+    steps = [observed(mixtral, b, host(mixtral, b)) for b in range(1, 65, 2)]
+    fitted = CostModel.load("a100-80gb")
+    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    assert set(MOE_TERMS) <= set(fitted.framework)
+    for o in steps:
+        predicted = fitted.step_time(o.chunks, mixtral, 1, "bf16").total_s - fitted.predict_step_overhead(len(o.chunks)).time_s
+        assert predicted == pytest.approx(o.forward_s, rel=0.02)
+    dense_fit = CostModel.load("a100-80gb")
+    dense_fit.fit_framework(Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
+    assert not set(MOE_TERMS) & set(dense_fit.framework)

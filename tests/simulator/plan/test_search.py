@@ -1,0 +1,141 @@
+"""The capacity planner: fewest replicas that meet the SLOs, monotone in traffic and SLO tightness,
+infeasible candidates reported, finished points resumed from the study file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from simulator.plan.executors import run_plan
+from simulator.plan.capacity import Candidate, PlanSpec, meets, pareto_front, plan_candidate, run_summary
+from simulator.plan.study import Study
+from simulator.workload.synthetic import load_workload
+from simulator.workload.requests import BUNDLED_LENGTHS
+
+TRACE = f"synthetic:num=120,lengths={BUNDLED_LENGTHS},rate=6"
+SLO = {"ttft_p99": 2.0, "tpot_p99": 0.1}
+
+
+def spec(slo=None, trace=TRACE, model="llama-3.1-8b") -> PlanSpec:
+    return PlanSpec(model, load_workload(trace, seed=0), slo or SLO, max_replicas=64)
+
+
+def test_the_fleet_found_is_the_fewest_that_meets_the_slos() -> None:
+    s = spec()
+    result = plan_candidate(s, Candidate("a100-80gb"), rate_scale=2.0, headroom=False)
+    assert result.feasible and result.replicas > 1
+    workload = s.workload.scaled(2.0)
+    assert meets(run_summary(s.config(Candidate("a100-80gb"), result.replicas), workload))
+    assert not meets(run_summary(s.config(Candidate("a100-80gb"), result.replicas - 1), workload))
+    assert result.gpus == result.replicas and result.usd_per_hour > 0
+
+
+def test_more_traffic_never_needs_fewer_replicas() -> None:
+    replicas = [plan_candidate(spec(), Candidate("a100-80gb"), g, headroom=False).replicas for g in (1, 2, 4)]
+    assert replicas == sorted(replicas) and replicas[-1] > replicas[0]
+
+
+def test_tighter_slos_never_cost_less() -> None:
+    loose = plan_candidate(spec({"ttft_p99": 4.0, "tpot_p99": 0.2}), Candidate("l40s"), 2.0, headroom=False)
+    tight = plan_candidate(spec({"ttft_p99": 1.2, "tpot_p99": 0.06}), Candidate("l40s"), 2.0, headroom=False)
+    assert loose.feasible and tight.feasible
+    assert tight.usd_per_hour >= loose.usd_per_hour and tight.replicas > loose.replicas
+
+
+def test_headroom_is_the_largest_rate_the_fleet_still_serves() -> None:
+    s = spec()
+    result = plan_candidate(s, Candidate("h100-sxm"))
+    assert result.feasible and result.headroom >= 1.0
+    config = s.config(Candidate("h100-sxm"), result.replicas)
+    assert meets(run_summary(config, s.workload.scaled(result.headroom)))
+    assert not meets(run_summary(config, s.workload.scaled(result.headroom * 1.1)))
+
+
+def test_traffic_that_arrives_all_at_once_has_no_headroom() -> None:
+    result = plan_candidate(spec(trace="synthetic:num=40,input=256,output=64,rate=inf"), Candidate("h100-sxm"))
+    assert result.feasible and result.headroom is None
+
+
+def test_a_candidate_that_cannot_hold_the_model_is_reported_not_dropped() -> None:
+    candidates = [Candidate("l40s"), Candidate("h100-sxm", tp=4)]
+    plan = run_plan(spec(model="llama-3.1-70b"), candidates)
+    assert [r.candidate for r in plan.results] == candidates
+    l40s, h100 = plan.results
+    assert not l40s.feasible and "use tp>=" in l40s.reason and l40s.replicas is None
+    assert h100.feasible and plan.recommendation() is h100
+
+
+def test_pareto_front_keeps_only_undominated_fleets() -> None:
+    plan = run_plan(spec(), [Candidate("h100-sxm"), Candidate("a100-80gb"), Candidate("l40s"), Candidate("h100-sxm", "fp8")])
+    front = pareto_front(plan.results)
+    assert front and front[0] is plan.recommendation()
+    for r in plan.results:
+        if r.feasible and r not in front:
+            assert any(f.usd_per_hour <= r.usd_per_hour and f.e2e_p99_s <= r.e2e_p99_s for f in front)
+
+
+def test_an_interrupted_plan_resumes_without_recomputing_finished_points(tmp_path, monkeypatch) -> None:
+    s = spec()
+    candidates = [Candidate("h100-sxm"), Candidate("a100-80gb")]
+    study = Study(tmp_path / "study.sqlite")
+    first = run_plan(s, candidates[:1], study=study)  # "interrupted" after one point
+    assert first.reused == 0 and len(study) == 1
+    calls = []
+    import simulator.plan.executors as planner
+
+    real = planner.plan_candidate
+    monkeypatch.setattr(planner, "plan_candidate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    resumed = run_plan(s, candidates, study=study)
+    assert resumed.reused == 1 and calls == [candidates[1]]
+    assert resumed.results[0].row() == first.results[0].row()
+    again = run_plan(s, candidates, study=study)
+    assert again.reused == 2 and calls == [candidates[1]]
+    (tmp_path / "bad.sqlite").write_text("not a database")
+    with pytest.raises(ValueError, match="not a servecast study"):
+        Study(tmp_path / "bad.sqlite")
+
+
+def test_local_processes_give_the_same_plan_as_one_process() -> None:
+    candidates = [Candidate("h100-sxm"), Candidate("l40s", "fp8")]
+    one = run_plan(spec(), candidates, growth=(1.0, 2.0))
+    pool = run_plan(spec(), candidates, growth=(1.0, 2.0), workers=2)
+    assert [r.row() for r in pool.results] == [r.row() for r in one.results]
+
+
+def _dies_on_l40s(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0) -> object:
+    """plan_candidate, except that the worker process dies outright on an l40s candidate."""
+    if candidate.hardware == "l40s":
+        os._exit(1)
+    return plan_candidate(spec, candidate, rate_scale)
+
+
+def test_a_worker_process_that_dies_loses_only_its_own_point(monkeypatch, tmp_path) -> None:
+    import simulator.plan.executors as planner
+
+    candidates = [Candidate("h100-sxm"), Candidate("l40s"), Candidate("a100-80gb"), Candidate("h100-sxm", "fp8"),
+                  Candidate("h200")]
+    expected = {c: plan_candidate(spec(), c).row() for c in candidates if c.hardware != "l40s"}
+    monkeypatch.setattr(planner, "plan_candidate", _dies_on_l40s)
+    study = Study(tmp_path / "study.sqlite")
+    plan = run_plan(spec(), candidates, workers=2, study=study)
+    for result in plan.results:
+        if result.candidate.hardware == "l40s":
+            assert not result.feasible and result.reason.startswith(planner.WORKER_FAILED)
+        else:
+            assert result.row() == expected[result.candidate]
+    # The survivors were kept; the crashed point was not, so a rerun computes only it.
+    monkeypatch.setattr(planner, "plan_candidate", plan_candidate)
+    assert run_plan(spec(), candidates, study=study).reused == len(candidates) - 1
+
+
+def test_the_ray_executor_gives_the_same_plan_as_local_processes(tmp_path) -> None:
+    pytest.importorskip("ray")
+    candidates = [Candidate("h100-sxm"), Candidate("l40s", "fp8"), Candidate("l40s", tp=3)]  # tp=3: infeasible
+    local = run_plan(spec(), candidates)
+    study = Study(tmp_path / "ray.sqlite")
+    on_ray = run_plan(spec(), candidates, workers=2, study=study, executor="ray")
+    assert [r.row() for r in on_ray.results] == [r.row() for r in local.results]
+    assert len(study) == 3  # kept as they finished
+    with pytest.raises(ValueError, match="use local or ray"):
+        run_plan(spec(), candidates, executor="dask")
