@@ -10,21 +10,10 @@ before it (its block id and that block's allocation generation). The chained has
 only the lookup key; a hit is accepted only when tokens and parent identity match exactly, so a
 hash collision can cost a cache miss but never a wrong reuse.
 
-Exact keys (exact_keys=True, the simulator's mode): each sequence brings its blocks' keys in
-Sequence.block_hashes, filled in advance for every block it can fill, and a key is an identity,
-not a hash: equal keys hold exactly when the tokens from the sequence's start through the block's
-end are equal (and keys of different block positions differ). The pool then hashes no tokens and
-checks no contents; it makes the same decisions it would make hashing the same tokens (a block
-is reused only after the very block it was filled after, as there).
-
-Private blocks (exact keys only): a sequence may say that its keys from Sequence.first_private_block
-on are its own -- no other sequence ever brings them (the simulator's request-unique prompt tails).
-Only that sequence can then hit those blocks, and only after a preemption. So their registration is
-deferred: they count as registered (a finished sequence's private blocks queue for eviction as
-registered blocks do, in the same order) but get no entries, unless the sequence is freed without
-finishing, when the entries are made (with the same parents and generations: the sequence held
-every parent meanwhile) and it registers everything at once from then on. The pool's decisions are
-unchanged; the simulator skips an entry made and evicted per block of every prompt.
+Hooks: where a block's key comes from (_lookup_keys, _new_keys) and how a sequence's blocks are
+registered and released (_register_blocks, _release_blocks) are small methods; allocation, the
+lookup's rule, the eviction order and the free pool are decided here alone. The simulator's pool
+(simulator/fleet/block_pool.py) overrides only the hooks, so it makes this pool's decisions.
 """
 
 from __future__ import annotations
@@ -48,16 +37,15 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
 class _CachedBlock(NamedTuple):
     """A registered block's identity (a NamedTuple: one is made per block filled)."""
 
-    block_hash: int
-    token_ids: tuple[int, ...]
+    block_hash: int  # its key in the hash index
+    token_ids: tuple[int, ...] | None  # checked on a hit; None where the key alone is the identity
     parent_id: int
     parent_generation: int
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash,
-                 exact_keys: bool = False) -> None:
+                 hash_fn: Callable[[int | None, tuple[int, ...]], int] = chain_hash) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"a block pool needs num_blocks > 0 and block_size > 0, "
                              f"got {num_blocks} and {block_size}")
@@ -65,7 +53,6 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
-        self.exact_keys = exact_keys
         self.ref_counts = [0] * num_blocks
         # Bumped each time a block is handed out anew; lets children check their parent is unchanged.
         self.generations = [0] * num_blocks
@@ -75,15 +62,13 @@ class BlockManager:
         # are a counter, not entries: a pool of 10^5 blocks costs nothing until it is used.
         self._front: OrderedDict[int, None] = OrderedDict()
         self._next_unused = 0  # blocks next_unused ... num_blocks - 1 were never handed out
-        # The back holds a registered block under its id (value None), or a finished sequence's
-        # deferred private blocks as one run under a negative key (value: the blocks, the last in
-        # the list going first). A run is only ever taken from at its head: nothing can revive its
-        # blocks, having no entries.
+        # The back holds a registered block under its id (value None), or a run of blocks that hold
+        # no entries, queued together among them (_release_run: under a negative key, value: the
+        # blocks, the last in the list going first). This pool queues no runs itself.
         self._back: OrderedDict[int, list[int] | None] = OrderedDict()
         self._num_back = 0  # blocks in the back
         self._last_run_key = 0
-        # block id -> its registered identity (a _CachedBlock; with exact keys, (key, parent id, parent generation))
-        self._cached: dict[int, _CachedBlock | tuple[int, int, int]] = {}
+        self._cached: dict[int, _CachedBlock] = {}  # block id -> its registered identity
         self._by_hash: dict[int, int] = {}  # hash -> block id
 
     # -- accounting ---------------------------------------------------------------------------
@@ -107,16 +92,6 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache -------------------------------------------------------------------------
-    def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
-        """The sequence's chained block hashes, extended to num_full_blocks."""
-        bs = self.block_size
-        hashes = seq.block_hashes
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            hashes.append(self.hash_fn(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
-        return hashes
-
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Blocks of the prefix cache that hold this sequence's leading full blocks.
 
@@ -127,37 +102,32 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.sampling.return_prompt_logits:
             return []
         num_full = (seq.num_tokens - 1) // self.block_size
-        if self.exact_keys:
-            by_hash, cached, generations = self._by_hash, self._cached, self.generations
-            found = []
-            parent_id, parent_gen = NO_PARENT, 0
-            for key in self._exact_keys(seq, 0, num_full):
-                block_id = by_hash.get(key)
-                if block_id is None:
-                    break
-                entry = cached[block_id]
-                if entry[1] != parent_id or entry[2] != parent_gen:
-                    break  # filled after another copy of this prefix: the hashed pool's rule, kept
-                found.append(block_id)
-                parent_id, parent_gen = block_id, generations[block_id]
-            return found
-        hashes = seq.block_hashes
-        bs = self.block_size
+        by_hash, cached, generations = self._by_hash, self._cached, self.generations
         found: list[int] = []
         parent_id, parent_gen = NO_PARENT, 0
-        for i in range(num_full):
-            if i == len(hashes):  # hashed as far as the lookup goes: a miss ends it (registration extends it)
-                hashes.append(self.hash_fn(hashes[-1] if hashes else None, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
-            block_id = self._by_hash.get(hashes[i])
+        for key, tokens in self._lookup_keys(seq, num_full):
+            block_id = by_hash.get(key)
             if block_id is None:
                 break
-            entry = self._cached[block_id]
-            if (entry.parent_id != parent_id or entry.parent_generation != parent_gen
-                    or entry.token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs])):
-                break  # a hash collision: different content under the same hash
+            entry = cached[block_id]
+            # A hit must have been filled after the very block found before it (the same generation
+            # of it), with the same tokens: else a hash collision, or another copy of this prefix.
+            if entry.parent_id != parent_id or entry.parent_generation != parent_gen or entry.token_ids != tokens:
+                break
             found.append(block_id)
-            parent_id, parent_gen = block_id, self.generations[block_id]
+            parent_id, parent_gen = block_id, generations[block_id]
         return found
+
+    def _lookup_keys(self, seq: Sequence, num_full: int) -> Iterator[tuple[int, tuple[int, ...] | None]]:
+        """(key, tokens) of the sequence's first num_full blocks, for the lookup: their chained
+        hashes and token ids, made as the lookup asks for them (it ends at its first miss, so it
+        hashes no further; registration extends seq.block_hashes). A hook."""
+        hashes, token_ids, bs = seq.block_hashes, seq.token_ids, self.block_size
+        for i in range(num_full):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            if i == len(hashes):
+                hashes.append(self.hash_fn(hashes[-1] if hashes else None, tokens))
+            yield hashes[i], tokens
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the sequence's blocks that are full of computed tokens."""
@@ -165,111 +135,64 @@ class BlockManager:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         first = seq.num_registered_blocks
-        if num_full <= first:
-            return
-        if self.exact_keys:
-            private = seq.first_private_block
-            if private is not None and num_full > private:
-                if len(seq.block_hashes) < num_full:
-                    self._exact_keys(seq, first, num_full)  # raises: keys missing
-                if first < private:  # the shared blocks before the private ones: registered now
-                    self._register_exact(seq, first, private)
-                seq.num_registered_blocks = num_full  # the private ones: deferred (see the module's docstring)
-                return
-            if num_full - first == 1 and first and len(seq.block_hashes) > first:
-                # A decode filled one block: the common case, in straight-line code.
-                key, block_id = seq.block_hashes[first], seq.block_table[first]
-                if block_id not in self._cached and key not in self._by_hash:
-                    parent_id = seq.block_table[first - 1]
-                    self._cached[block_id] = (key, parent_id, self.generations[parent_id])
-                    self._by_hash[key] = block_id
-                seq.num_registered_blocks = num_full
-                return
-            self._register_exact(seq, first, num_full)
-            return
-        hashes = seq.block_hashes
-        if len(hashes) < first:
-            self._block_hashes(seq, first)
-        bs = self.block_size
-        table, cached, by_hash = seq.block_table, self._cached, self._by_hash
-        if num_full - first == 1 and len(hashes) == first and self.hash_fn is chain_hash:
-            # A decode filled one block: the common case, in straight-line code.
-            tokens = tuple(seq.token_ids[first * bs:num_full * bs])
-            block_hash = hash((hashes[-1] if hashes else None, tokens))
-            hashes.append(block_hash)
-            block_id = table[first]
-            if block_id not in cached and block_hash not in by_hash:
-                parent_id = table[first - 1] if first else NO_PARENT
-                cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id,
-                                                            self.generations[parent_id] if first else 0))
-                by_hash[block_hash] = block_id
+        if num_full > first:
+            self._register_blocks(seq, first, num_full)
             seq.num_registered_blocks = num_full
+
+    def _register_blocks(self, seq: Sequence, first: int, end: int) -> None:
+        """Register the sequence's blocks first ... end - 1, full of computed tokens. A block gets an
+        entry unless it has one (a prefix hit) or its key has one (the same content computed twice
+        concurrently, or a hash collision): the first registered keeps it. A hook."""
+        keys, contents = self._new_keys(seq, first, end)
+        table, cached, by_hash, generations = seq.block_table, self._cached, self._by_hash, self.generations
+        if end - first == 1:  # a decode filled one block: the common case, in straight-line code
+            key, block_id = keys[0], table[first]
+            if block_id not in cached and key not in by_hash:
+                parent_id = table[first - 1] if first else NO_PARENT
+                cached[block_id] = new_tuple(_CachedBlock, (key, contents[0], parent_id,
+                                                            generations[parent_id] if first else 0))
+                by_hash[key] = block_id
             return
-        # A prompt's blocks in one pass (zip over one iterator cuts it in block_size runs).
-        block_tokens = list(zip(*[iter(seq.token_ids[first * bs:num_full * bs])] * bs))
-        # Extend the hash chain over the new blocks, hashing the tuples registration stores anyway.
+        block_ids = table[first:end]
+        parent_ids = table[first - 1:end - 1] if first else [NO_PARENT, *table[:end - 1]]
+        parent_gens = list(map(generations.__getitem__, parent_ids))
+        if not first:
+            parent_gens[0] = 0  # the first block has no parent (NO_PARENT indexed the list's end)
+        entries = map(new_tuple, repeat(_CachedBlock), zip(keys, contents, parent_ids, parent_gens))
+        if cached.keys().isdisjoint(block_ids) and by_hash.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+            # Fresh blocks under fresh keys (a prompt's own content): all registered, as the loop would, in bulk.
+            cached.update(zip(block_ids, entries))
+            by_hash.update(zip(keys, block_ids))
+        else:
+            for block_id, entry in zip(block_ids, entries):
+                if block_id in cached or entry.block_hash in by_hash:
+                    continue
+                cached[block_id] = entry
+                by_hash[entry.block_hash] = block_id
+
+    def _new_keys(self, seq: Sequence, first: int, end: int) -> tuple[Seq[int], Seq[tuple[int, ...] | None]]:
+        """(keys, contents) of the sequence's blocks first ... end - 1, for registration: their
+        chained hashes (extending seq.block_hashes over them) and token ids. A hook."""
+        hashes, bs = seq.block_hashes, self.block_size
+        if end - first == 1 and len(hashes) == first and self.hash_fn is chain_hash:
+            # A decode filled one block: the common case, in straight-line code.
+            tokens = tuple(seq.token_ids[first * bs:end * bs])
+            hashes.append(hash((hashes[-1] if hashes else None, tokens)))
+            return hashes[first:end], [tokens]
+        start = min(first, len(hashes))  # a chain is hashed in order: from its first block not hashed yet
+        # The blocks' tokens in one pass (zip over one iterator cuts it in block_size runs).
+        block_tokens = list(zip(*[iter(seq.token_ids[start * bs:end * bs])] * bs))
+        # Extend the hash chain over the blocks not hashed yet, hashing the tuples registration stores anyway.
         parent = hashes[-1] if hashes else None
         if self.hash_fn is chain_hash:  # the default, inlined in this per-block loop
-            for tokens in block_tokens[len(hashes) - first:]:
+            for tokens in block_tokens[len(hashes) - start:]:
                 parent = hash((parent, tokens))
                 hashes.append(parent)
         else:
-            for tokens in block_tokens[len(hashes) - first:]:
+            for tokens in block_tokens[len(hashes) - start:]:
                 parent = self.hash_fn(parent, tokens)
                 hashes.append(parent)
-        block_ids = table[first:num_full]
-        block_hashes = hashes[first:num_full]
-        parent_ids = table[first - 1:num_full - 1] if first else [NO_PARENT, *table[:num_full - 1]]
-        if (cached.keys().isdisjoint(block_ids) and by_hash.keys().isdisjoint(block_hashes)
-                and len(set(block_hashes)) == len(block_hashes)):
-            # Fresh blocks under fresh hashes (a prompt's own content, a decode's block): all are
-            # registered, built in bulk. Same entries as the loop below makes.
-            parent_gens = list(map(self.generations.__getitem__, parent_ids))
-            if not first:
-                parent_gens[0] = 0  # the first block has no parent (NO_PARENT indexed the list's end)
-            cached.update(zip(block_ids, map(new_tuple, repeat(_CachedBlock),
-                                             zip(block_hashes, block_tokens, parent_ids, parent_gens))))
-            by_hash.update(zip(block_hashes, block_ids))
-        else:
-            generations = self.generations
-            for block_id, block_hash, tokens, parent_id in zip(block_ids, block_hashes, block_tokens, parent_ids):
-                if block_id in cached:
-                    continue  # a prefix hit: already registered
-                if block_hash in by_hash:
-                    continue  # same content computed twice concurrently, or a collision: keep the first
-                parent_gen = generations[parent_id] if parent_id != NO_PARENT else 0
-                cached[block_id] = new_tuple(_CachedBlock, (block_hash, tokens, parent_id, parent_gen))
-                by_hash[block_hash] = block_id
-        seq.num_registered_blocks = num_full
-
-    def _exact_keys(self, seq: Sequence, first: int, end: int) -> list:
-        keys = seq.block_hashes[first:end]
-        if len(keys) < end - first:
-            raise ValueError(f"request {seq.request_id!r} brings keys for {len(seq.block_hashes)} blocks but "
-                             f"fills {end}: with exact_keys, fill Sequence.block_hashes for every block it can fill")
-        return keys
-
-    def _register_exact(self, seq: Sequence, first: int, num_full: int) -> None:
-        """cache_full_blocks with the sequence's exact keys: the same registrations, no hashing.
-        An entry is (key, parent id, parent generation), as a hashed entry without its tokens."""
-        keys = self._exact_keys(seq, first, num_full)
-        table = seq.block_table
-        cached, by_hash = self._cached, self._by_hash
-        block_ids = table[first:num_full]
-        parent_ids = table[first - 1:num_full - 1] if first else [NO_PARENT, *table[:num_full - 1]]
-        parent_gens = list(map(self.generations.__getitem__, parent_ids))
-        if not first:
-            parent_gens[0] = 0  # the first block has no parent (NO_PARENT indexed the list's end)
-        if cached.keys().isdisjoint(block_ids) and by_hash.keys().isdisjoint(keys):
-            cached.update(zip(block_ids, zip(keys, parent_ids, parent_gens)))  # fresh blocks, fresh keys
-            by_hash.update(zip(keys, block_ids))
-        else:
-            for block_id, entry in zip(block_ids, zip(keys, parent_ids, parent_gens)):
-                if block_id in cached or entry[0] in by_hash:
-                    continue  # a prefix hit, or the same content computed twice concurrently: keep the first
-                cached[block_id] = entry
-                by_hash[entry[0]] = block_id
-        seq.num_registered_blocks = num_full
+        return hashes[first:end], block_tokens[first - start:]
 
     # -- allocation ---------------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: Seq[int] = ()) -> bool:
@@ -375,7 +298,7 @@ class BlockManager:
                 if entry is not None and by_hash.get(entry[0]) == key:  # entry[0]: its key
                     del by_hash[entry[0]]
                 count -= 1
-            elif len(run) <= count:  # a run of deferred private blocks: no registrations
+            elif len(run) <= count:  # a run (_release_run): no registrations to evict
                 del back[key]
                 taken.extend(reversed(run))
                 count -= len(run)
@@ -400,26 +323,15 @@ class BlockManager:
     def free(self, seq: Sequence, finished: bool = False) -> None:
         """Release all of the sequence's blocks. Tail blocks are queued for eviction first,
         since a shared prefix is more likely to be reused than a request's own tail.
-        finished: the sequence never comes back (it finished or was aborted), so its deferred
-        private blocks need no entries; a preempted one may find them again, so they get them."""
-        table, num_registered = seq.block_table, seq.num_registered_blocks
-        private = seq.first_private_block if self.exact_keys else None  # a promise about exact keys only
-        deferred = 0  # the table's blocks from `private` up to num_registered: registered, without entries
-        if private is not None:
-            if not finished:
-                if num_registered > private:
-                    self._register_exact(seq, private, num_registered)
-                seq.first_private_block = None  # it may come back: it registers at once from now on
-            elif num_registered > private:
-                deferred = num_registered - private
-        if deferred:
-            self._release(table[num_registered:])
-            self._release_deferred(table[private:num_registered])
-            self._release(table[:private])
-        else:
-            self._release(table)
+        finished: the sequence never comes back (it finished or was aborted). This pool frees
+        both alike; the hook _release_blocks is told, for a pool that does not."""
+        self._release_blocks(seq, finished)
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    def _release_blocks(self, seq: Sequence, finished: bool) -> None:
+        """Drop the sequence's references to every block of its table (free's). A hook."""
+        self._release(seq.block_table)
 
     def _release(self, block_ids: list[int]) -> None:
         """Drop a reference to each block, last first; blocks nobody holds become free."""
@@ -439,13 +351,15 @@ class BlockManager:
                 raise AssertionError(f"block {block_id} freed more often than allocated")
         self._num_back += len(back) - to_back
 
-    def _release_deferred(self, block_ids: list[int]) -> None:
-        """Free a finished sequence's deferred private blocks, last first, queued for eviction as
-        registered blocks (only it ever held them)."""
+    def _release_run(self, block_ids: list[int]) -> None:
+        """Free blocks held once each, by the sequence being freed, that hold no entries, queued for
+        eviction among the registered blocks as if registered: last first, as _release queues them,
+        but as one entry of the back, not one each. A run is only ever taken from at its head: nothing
+        can revive its blocks, having no entries. For the hooks of a pool that defers registrations."""
         ref_counts = self.ref_counts
         for block_id in block_ids:
             if ref_counts[block_id] != 1:
-                raise AssertionError(f"private block {block_id} is held {ref_counts[block_id]} times")
+                raise AssertionError(f"block {block_id} freed in a run is held {ref_counts[block_id]} times")
             ref_counts[block_id] = 0
         self._last_run_key -= 1
         self._back[self._last_run_key] = block_ids  # the last goes first, as _release would queue them

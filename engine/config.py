@@ -251,8 +251,6 @@ class CacheConfig:
     block_size: int
     num_blocks: int
     enable_prefix_caching: bool = True
-    # Sequences bring exact block keys instead of tokens to hash (the simulator's; see block_manager.py).
-    exact_block_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -67,11 +67,12 @@ class FinishedRequest:
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 eos_token_ids: Iterable[int] = ()) -> None:
+                 eos_token_ids: Iterable[int] = (), block_manager_class: type[BlockManager] = BlockManager) -> None:
         self.config = scheduler_config
-        self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size,
-                                          cache_config.enable_prefix_caching,
-                                          exact_keys=cache_config.exact_block_keys)
+        # block_manager_class: a subclass whose hooks keep the pool's decisions (the simulator's
+        # exact-key pool, simulator/fleet/block_pool.py), built from cache_config as the engine's is.
+        self.block_manager = block_manager_class(cache_config.num_blocks, cache_config.block_size,
+                                                 cache_config.enable_prefix_caching)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.requests: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()

@@ -41,9 +41,6 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     # Number of leading blocks of the block table already registered in the prefix cache.
     num_registered_blocks: int = 0
-    # Exact block keys only: the first block whose key no other sequence brings (None: no such
-    # promise). The pool defers registering those blocks (engine/block_manager.py).
-    first_private_block: int | None = None
     # Tokens to compute before this admission's prefill ends (the prompt, or prompt + outputs
     # after a preemption by recompute).
     num_prefill_tokens: int = 0

@@ -33,6 +33,7 @@ import simpy
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from simulator.fleet import steady_decode
+from simulator.fleet.block_pool import KeyedSequence
 from simulator.workload.block_keys import BlockKeys
 from engine.sequence import Sequence
 from simulator.fleet.metrics import Recorder
@@ -71,7 +72,7 @@ class Replica:
                  bulk_decodes: bool = True, speculation: Speculation | None = None,
                  block_keys: BlockKeys | None = None) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
-        # Exact prefix-cache keys for the block manager, when its pool runs in exact-key mode.
+        # Exact prefix-cache keys for the block pool, when it is an ExactKeyBlockPool (block_pool.py).
         self.block_keys = block_keys
         self.speculation = speculation  # simulator/fleet/speculation.py, when speculative decoding is on
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
@@ -111,9 +112,9 @@ class Replica:
     # -- arrivals -----------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
-        seq = Sequence(request.request_id, request.prompt_token_ids(),
-                       SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True),
-                       request.arrival_s)
+        seq = (Sequence if self.block_keys is None else KeyedSequence)(
+            request.request_id, request.prompt_token_ids(),
+            SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True), request.arrival_s)
         if self.block_keys is not None:
             seq.block_hashes = self.block_keys.of(request)
             seq.first_private_block = self.block_keys.first_private(request)

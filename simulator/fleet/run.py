@@ -15,6 +15,7 @@ import simpy
 from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
 from simulator.workload.block_keys import BlockKeys
+from simulator.fleet.block_pool import ExactKeyBlockPool
 from simulator.catalog.models import ModelSpec
 from simulator.cost.model import CostModel
 from simulator.cost.memory import MemoryPlan
@@ -147,15 +148,18 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill,
                                        num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
-    # The engine's scheduler and pool; the pool takes exact block keys (simulator/workload/block_keys.py)
-    # instead of hashing each block's tokens: the same decisions, a fraction of the work.
+    # The engine's scheduler and pool; with prefix caching, the pool's subclass that takes exact block
+    # keys (simulator/workload/block_keys.py, simulator/fleet/block_pool.py) instead of hashing each
+    # block's tokens: the same decisions, a fraction of the work.
     exact_keys = fleet.exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
-    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching, exact_keys)
+    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
     block_keys = BlockKeys(config.block_size) if exact_keys else None
 
     def make_scheduler():
         if config.scheduler == "static":
             return StaticBatchScheduler(scheduler_config, cache_config)
+        if exact_keys:
+            return Scheduler(scheduler_config, cache_config, block_manager_class=ExactKeyBlockPool)
         return Scheduler(scheduler_config, cache_config)
 
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant

@@ -1,5 +1,5 @@
-"""Exact prefix-cache keys for the simulator's prompts, so the engine's block manager can run in
-its exact-key mode (engine/block_manager.py) instead of hashing every block's tokens.
+"""Exact prefix-cache keys for the simulator's prompts, so its block pool (ExactKeyBlockPool,
+simulator/fleet/block_pool.py) can take them instead of hashing every block's tokens.
 
 A simulated request's tokens are its prompt as simulator/workload/requests.py lays it out -- its shared
 segments, each opened by the segment's token, then (when the prompt is longer than its segments) a
@@ -27,7 +27,7 @@ class BlockKeys:
         self._request_ids: set[int] = set()  # of the requests whose keys were given out
 
     def first_private(self, request: Request) -> int | None:
-        """The first block of the request's unique tail (Sequence.first_private_block): no other
+        """The first block of the request's unique tail (KeyedSequence.first_private_block): no other
         request brings its keys or those after it. None when it has no unique tail, or when a
         request with its id came before (the same id opens the same tail, which it may hit)."""
         if request.request_id in self._request_ids:
