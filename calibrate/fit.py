@@ -146,7 +146,7 @@ def vidur_profiles(sku: str, shared: Path = SHARED) -> list:
 def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
     """GEMM and elementwise curves fitted on the Vidur A100 profiles (fp16)."""
     from simulator.catalog.hardware import get_accelerator
-    from simulator.cost.model import curve_keys_of, work_of
+    from simulator.cost.curves import curve_keys_of, work_of
 
     a100 = get_accelerator("a100-80gb")
     groups: dict[str, list[Sample]] = {}
@@ -163,7 +163,8 @@ def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
 def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> dict[str, float]:
     """MAPE of predicting the A40's measured GEMMs (and elementwise ops) from curves fitted on the A100."""
     from simulator.catalog.hardware import get_accelerator
-    from simulator.cost.model import CostModel, work_of
+    from simulator.cost.curves import work_of
+    from simulator.cost.model import CostModel
 
     a40 = get_accelerator("a40")
     model = CostModel(a40, dict(curves), {"extrapolated": 0.0, "fitted": 0.0, "interpolated": 0.0, "measured": 0.0})
@@ -174,7 +175,7 @@ def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> d
             if label == "embedding":
                 continue
             key = f"gemm:{m.name}" if m.op == "gemm" else f"elementwise:{label}"
-            predicted = model._model(key, *work_of(m), "fp16").time_s
+            predicted = model.modeled(key, "fp16", lambda _, w=work_of(m): w).time(0)
             errors.setdefault(label, []).append(abs(predicted - m.time_s) / m.time_s)
     return {label: float(np.mean(v)) for label, v in errors.items()}
 
@@ -212,7 +213,8 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
     from calibrate.heldout import splitwise_rows
     from simulator.catalog.hardware import get_accelerator
     from simulator.catalog.models import load_model
-    from simulator.cost.model import Chunk, CostModel
+    from simulator.cost.model import CostModel
+    from simulator.cost.types import Chunk
 
     spec = load_model("llama-2-70b")
     rows = [r for r in splitwise_rows(shared / "reference" / "perf_model.csv") if r["hardware"] == "a100-80gb"]

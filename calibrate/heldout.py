@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.cost.model import Chunk, CostModel
+from calibrate.fitting import load_cost_model
+from simulator.cost.model import CostModel
+from simulator.cost.types import Chunk
 from simulator.catalog.models import load_model
 from simulator.cost.profile_format import Measurement, Profile
 
@@ -43,7 +45,7 @@ def cpu_held_out(fit_on: Profile, held_out: Profile, held_out_heads: tuple[int, 
     held_out_heads (num_heads, num_kv_heads, head_dim) keeps only the held-out model's own
     attention layout: its profile also holds attention at other head dims, which that model never runs.
     """
-    model = CostModel.load(fit_on.hardware, profile=fit_on)
+    model = load_cost_model(fit_on.hardware, profile=fit_on)
     model._series = {}  # predict every held-out point from the fitted curves, not from fit_on's points
     errors: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for m in held_out.measurements:

@@ -368,6 +368,7 @@ class Profiler:
                 done.add(m.key)
             finished += len(group)
             yield finished, len(plan)
+        write_fitted_beside(path)
 
 
     @torch.inference_mode()
@@ -641,3 +642,18 @@ def profile_side_by_side(jobs: list[tuple["Profiler", Path]]) -> list[Profile]:
     while runs:
         runs = [r for r in runs if next(r, None) is not None]
     return [Profile.load(path) for _, path in jobs]
+
+
+def write_fitted_beside(path: Path) -> Path | None:
+    """Fit the cost model on a finished profile and keep the terms beside it (FittedTerms), so the
+    simulator reads them instead of fitting; None where the device is not in the catalog (users'
+    own hardware files: the CLI fits in memory then)."""
+    from calibrate.fitting import fit_profile
+    from simulator.cost.fitted import FittedTerms
+    from simulator.cost.model import CostModel
+
+    try:
+        model = CostModel.unfitted(Profile.load(path).hardware, path)
+    except ValueError:
+        return None
+    return fit_profile(model, model.profile).save_beside(path)

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from engine.runner import is_short_chunk
-from simulator.cost.model import Chunk, CostModel, StepObservation
+from simulator.cost.model import CostModel
+from simulator.cost.types import Chunk, StepObservation
 from simulator.catalog.models import ModelSpec
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.speed_probe import ProbedClock, SpeedProbe, slowdowns
+from calibrate.fitting import fit_framework, load_cost_model
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile
 from simulator.fleet.run import SimResult, simulate
@@ -308,7 +309,7 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     lengths = setup.lengths()
     # Curves are fitted once on the full profile; each level refits only the framework terms on
     # its freshly measured forwards.
-    base_model = CostModel.load(config.hardware, profile=config.profile)
+    base_model = load_cost_model(config.hardware, profile=config.profile)
     capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
     capacity_rps = capacity.summary["throughput"]["requests_per_s"]
     rates = {name: fraction * capacity_rps for name, fraction in setup.levels.items()}
@@ -396,7 +397,7 @@ def _measure_level(setup: ValidationSetup, folder: Path, profile: str, config: S
     # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
     # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say how
     # fast the machine was then.
-    level_model.fit_framework(Profile.load(level_profile), calibration)
+    fit_framework(level_model, Profile.load(level_profile), calibration)
     timer, speed = None, {}
     if probe is not None:
         # The level's steps on the simulator's timeline (seconds since its first arrival).
@@ -484,7 +485,7 @@ def step_observations(steps: Sequence[RecordedStep], config: SimConfig, cost_mod
     slowdown at it, if given) less the scheduler's time and, after idle, less the wakeup the
     simulator adds on its own (CostModel.predict_idle_wakeup): left in, the fit would charge every
     step of the shapes that follow idle with it."""
-    from simulator.cost.model import Chunk, StepObservation
+    from simulator.cost.types import Chunk, StepObservation
 
     model = config.model_spec()
     slowdown = np.ones(len(steps)) if slowdown is None else slowdown

@@ -9,16 +9,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.dtypes import canonical_dtype
+
 CATALOG_FILE = Path(__file__).with_name("hardware.yaml")
-DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                 "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8"}
-
-
-def canonical_dtype(dtype: str) -> str:
-    try:
-        return DTYPE_ALIASES[dtype.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16, fp8, int8") from None
 
 
 class Accelerator(BaseModel):

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+from engine.dtypes import DTYPE_BYTES
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 from simulator.catalog.hardware import Accelerator
 from simulator.catalog.models import ModelSpec
-from simulator.cost.model import WEIGHT_BYTES
+from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES
 
 GB = 1e9
 # Bytes per cached K or V element; int8 / fp8 add an fp32 scale per token and head (head_dim elements).
-KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
 KV_SCALE_BYTES = {"fp8": 4, "int8": 4}
 RUNTIME_RESERVE_BYTES = 1.0 * GB
 COLLECTIVE_RESERVE_BYTES = 0.5 * GB
@@ -87,7 +86,7 @@ def activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int) -> float:
     kv_heads = max(model.num_kv_heads // tp, 1)  # KV heads replicate when tp exceeds them
     layers = math.ceil(model.num_layers / pp)
-    element = KV_BYTES[kv_dtype] * model.head_dim + KV_SCALE_BYTES.get(kv_dtype, 0)
+    element = float(DTYPE_BYTES[kv_dtype]) * model.head_dim + KV_SCALE_BYTES.get(kv_dtype, 0)
     return 2.0 * layers * kv_heads * element
 
 

@@ -1,12 +1,11 @@
 """Step times of one replica for the simulator: CostModel.step_time, composed from cached parts.
 
-A step's time is a sum of parts that each depend on a few integers (CostModel.add_*): the
-token-proportional operators on the step's token count, prefill attention on each chunk's
-(tokens, context), decode attention on (number of decodes, their total context), the LM head and
-sampling on the number of sampled rows, and the host overhead on the number of chunks. Each part
-is computed once per distinct argument and then looked up, so a simulated step costs a few dict
-lookups instead of a dozen cost-model predictions; the result equals CostModel.step_time exactly
-(a test checks it). Under pipeline parallelism a micro-batch crosses pp - 1 stage boundaries, each
+A step's time is a sum of parts that each depend on a few integers: the step recipe's token
+operators on the step's token count, prefill attention on each chunk's (tokens, context), decode
+attention on (number of decodes, their total context), the recipe's head operators on the number
+of sampled rows, and the host overhead on the number of chunks. Each part is timed by the cost
+model's sources (the same ones CostModel.step_time reads, so the result equals it) once per
+distinct argument and then looked up, so a simulated step costs a few dict lookups. Under pipeline parallelism a micro-batch crosses pp - 1 stage boundaries, each
 a point-to-point send of its hidden states.
 """
 
@@ -19,11 +18,12 @@ from typing import ClassVar, NamedTuple
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
-from simulator.cost.model import (SHAPE_CHANGE_TERMS, WEIGHT_BYTES, CostModel, StepCost, framework_overhead,
-                                  moe_host_features)
+from engine.dtypes import DTYPE_BYTES
 from simulator.catalog.models import ModelSpec
-from simulator.cost.efficiency import DTYPE_BYTES
+from simulator.cost.host import SHAPE_CHANGE_TERMS, framework_overhead, moe_host_features
+from simulator.cost.model import CostModel
 from simulator.cost.moe import step_load
+from simulator.cost.recipe import StepRecipe
 
 # Distinct arguments remembered per part before the memo starts afresh (bounds memory on long runs).
 _MEMO_LIMIT = 200_000
@@ -61,7 +61,7 @@ class StepTimer:
     kv_dtype: str | None = None
     block_size: int = 16
     split: TimeSplit = field(default_factory=TimeSplit)
-    # Mixture-of-experts models (CostModel.add_moe): whole experts per rank, and the router's skew.
+    # Mixture-of-experts models (the recipe's MoE layers): whole experts per rank, and the router's skew.
     expert_parallel: bool = False
     routing_skew: float = 0.0
 
@@ -73,44 +73,32 @@ class StepTimer:
         # Whether shape_change can be nonzero: replicas count each step's tokens only then.
         self.times_shape_changes = any(self.cost_model.framework.get(term) for term in SHAPE_CHANGE_TERMS)
         self._tokens: dict[int, tuple[float, float]] = {}
-        # The token-proportional operators' sums with their lookups hoisted (None: MoE models).
-        self._token_ops_timer = self.cost_model.token_ops_timer(self.model, self.tp, self.dtype, self.weight_dtype)
+        recipe = self.recipe = StepRecipe.of(self.model, self.tp, self.dtype, self.weight_dtype, self.expert_parallel,
+                                             self.routing_skew)
+        cm = self.cost_model
+        # (time(size), count, size(rows), is an all-reduce) of each token / head operator, in the recipe's order.
+        self._token_ops = [(cm.source(op.kind, op.shape).time, op.count, op.size, op.name == "all_reduce")
+                           for op in recipe.token_ops]
+        self._head_ops = [(cm.source(op.kind, op.shape).time, op.count, op.size) for op in recipe.head_ops]
+        attention = (recipe.heads, recipe.kv_heads, self.model.head_dim, recipe.dtype)
+        self._attention = attention
         self._prefill: dict[tuple[int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
-        self._decode_timers: dict = {}  # decodes -> CostModel.attention_decode_timer
+        self._decode_timers: dict = {}  # decodes -> the decode-attention source's time
         self._padded: dict[tuple[int, int], float] = {}  # (batch, padded context) of one padded group
         self._verify: dict[tuple[int, int, int], float] = {}  # (chunks, queries, total context)
         # Reading a quantized KV cache dequantizes what it gathers (profiled kv_gather points), on
         # top of each attention call's time; None: a plain cache, or a profile without them.
-        self._kv_dequant = self.cost_model.kv_dequant_timer(
-            self.kv_dtype, max(self.model.num_kv_heads // self.tp, 1), self.model.head_dim, self.dtype)
+        self._kv_dequant = cm.kv_dequant_timer(self.kv_dtype, recipe.kv_heads, self.model.head_dim, self.dtype)
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
-        m, tp = self.model, self.tp
-        shapes = m.linear_shapes(tp)
-        # Per token: attention and dense-MLP projections, and in MoE layers its k experts and the shared one.
-        per_token_linear = ((shapes["qkv_proj"][0] * shapes["qkv_proj"][1] + shapes["o_proj"][0] * shapes["o_proj"][1])
-                            * m.num_layers + (shapes["gate_up_proj"][0] * shapes["gate_up_proj"][1]
-                                              + shapes["down_proj"][0] * shapes["down_proj"][1])
-                            * (m.num_layers - m.num_moe_layers))
-        if m.is_moe:
-            experts = m.expert_shapes(tp)
-            per_layer = m.experts_per_token * sum(n * k for name, (n, k) in experts.items() if name.startswith("expert_"))
-            per_layer += sum(n * k for name, (n, k) in experts.items() if name.startswith("shared_"))
-            per_token_linear += per_layer * m.num_moe_layers
-        self._flops_per_token = 2.0 * per_token_linear
-        self._flops_per_sample = 2.0 * shapes["lm_head"][0] * shapes["lm_head"][1]
-        self._attention_flops_per_key = 4.0 * (m.num_heads // tp) * m.head_dim * m.num_layers
-        kv_bytes = DTYPE_BYTES.get(self.kv_dtype or self.dtype, 2)
-        self._kv_bytes_per_token = 2.0 * max(m.num_kv_heads // tp, 1) * m.head_dim * kv_bytes * m.num_layers
-        per_weight = WEIGHT_BYTES.get(self.weight_dtype or self.dtype, 2.0)
-        self._weight_bytes = (per_token_linear + shapes["lm_head"][0] * shapes["lm_head"][1]) * per_weight
+        self._flops_per_token = recipe.flops_per_token
+        self._flops_per_sample = recipe.flops_per_sample
+        self._attention_flops_per_key = recipe.attention_flops_per_key
+        self._kv_bytes_per_token = recipe.kv_bytes_per_token(self.kv_dtype)
+        self._weight_bytes = recipe.weight_bytes
         # MoE: a step reads the experts it touches, not k of them (weight_bytes() corrects for it).
-        self._expert_bytes = 0.0
-        if m.is_moe:
-            whole_or_sliced = m.expert_shapes(tp, self.expert_parallel)
-            self._expert_bytes = sum(whole_or_sliced[name][0] * whole_or_sliced[name][1]
-                                     for name in ("expert_gate_up", "expert_down")) * per_weight * m.num_moe_layers
+        self._expert_bytes = recipe.expert_bytes
         self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
         self._moe_hosts: dict[int, tuple[float, float]] = {}  # tokens -> moe_host_features
 
@@ -143,15 +131,13 @@ class StepTimer:
     def token_ops(self, tokens: int) -> tuple[float, float]:
         """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
         def compute() -> tuple[float, float]:
-            if self._token_ops_timer is not None:
-                total_s, comm = self._token_ops_timer(tokens)
-            else:
-                cost = StepCost(0.0)
-                self.cost_model.add_token_ops(cost, tokens, self.model, self.tp, self.dtype,
-                                              weight_dtype=self.weight_dtype, expert_parallel=self.expert_parallel,
-                                              routing_skew=self.routing_skew)
-                total_s, comm = cost.total_s, cost.by_operator.get("all_reduce", 0.0)
-            all_reduce_s = comm
+            total_s = all_reduce_s = 0.0  # summed as StepCost.add sums them
+            for time_of, count, size, is_all_reduce in self._token_ops:
+                t = time_of(size(tokens)) * count
+                total_s += t
+                if is_all_reduce:
+                    all_reduce_s += t
+            comm = all_reduce_s
             if self.pp > 1:
                 nbytes = tokens * self.model.hidden_size * DTYPE_BYTES[self.dtype]
                 # A point-to-point send costs about a two-rank all-reduce of the same bytes.
@@ -161,9 +147,8 @@ class StepTimer:
 
     def prefill_attention(self, num_tokens: int, context_len: int) -> float:
         def compute() -> float:
-            cost = StepCost(0.0)
-            self.cost_model.add_prefill_attention(cost, num_tokens, context_len, self.model, self.tp, self.dtype)
-            return cost.total_s + self._kv_read(context_len)
+            source = self.cost_model.source("attention_prefill", (num_tokens, *self._attention))
+            return 0.0 + source.time(context_len) * self._layers + self._kv_read(context_len)
         return self._memo(self._prefill, (num_tokens, context_len), compute)
 
     def _kv_read(self, tokens: int) -> float:
@@ -171,11 +156,10 @@ class StepTimer:
         return self._kv_dequant(tokens) * self._layers if self._kv_dequant is not None else 0.0
 
     def verify_attention(self, batch: int, queries: int, total_context: int) -> float:
-        """Speculative verification chunks attended together, all layers (CostModel.add_verify_attention)."""
+        """Speculative verification chunks attended together, all layers (CostModel.verify_source)."""
         def compute() -> float:
-            cost = StepCost(0.0)
-            self.cost_model.add_verify_attention(cost, batch, queries, total_context, self.model, self.tp, self.dtype)
-            return cost.total_s + self._kv_read(total_context)
+            source = self.cost_model.verify_source(queries, *self._attention)
+            return 0.0 + source.time((batch, total_context)) * self._layers + self._kv_read(total_context)
         return self._memo(self._verify, (batch, queries, total_context), compute)
 
     def padded_decode_attention(self, context_lens: list[int]) -> tuple[float, int]:
@@ -188,21 +172,19 @@ class StepTimer:
         return total, len(groups)
 
     def _decode_group(self, batch: int, padded: int) -> float:
-        cost = StepCost(0.0)
-        self.cost_model.add_decode_attention(cost, [padded] * batch, self.model, self.tp, self.dtype)
-        return cost.total_s + self._kv_read(batch * padded)
+        source = self.cost_model.source("attention_decode", (batch, *self._attention))
+        return 0.0 + source.time(padded * batch) * self._layers + self._kv_read(batch * padded)
 
     def decode_attention(self, batch: int, total_context: int) -> float:
         """Decode attention of `batch` paged decodes over total_context keys, all layers (what
-        CostModel.add_decode_attention adds, from the cost model's per-batch timer)."""
+        CostModel.step_time adds, from the cost model's source for the batch size)."""
         key = (batch, total_context)
         value = self._decode.get(key)
         if value is None:
             time_of = self._decode_timers.get(batch)
             if time_of is None:
-                m = self.model
-                time_of = self._decode_timers[batch] = self.cost_model.attention_decode_timer(
-                    batch, m.num_heads // self.tp, max(m.num_kv_heads // self.tp, 1), m.head_dim, self.dtype)
+                time_of = self._decode_timers[batch] = self.cost_model.source(
+                    "attention_decode", (batch, *self._attention)).time
             if len(self._decode) >= _MEMO_LIMIT:
                 self._decode.clear()
             value = 0.0 + time_of(total_context) * self._layers  # as StepCost.add sums it
@@ -213,9 +195,10 @@ class StepTimer:
 
     def head(self, sampled: int) -> float:
         def compute() -> float:
-            cost = StepCost(0.0)
-            self.cost_model.add_head(cost, sampled, self.model, self.tp, self.dtype)
-            return cost.total_s
+            total = 0.0
+            for time_of, count, size in self._head_ops:
+                total += time_of(size(sampled)) * count
+            return total
         return self._memo(self._head, sampled, compute)
 
     def overhead(self, num_chunks: int, prefill_chunks: int, decode_groups: int, tokens: int,
@@ -325,7 +308,7 @@ class StepTimer:
         """The token-proportional, head and host parts of a step whose attention is known."""
         compute_s, comm_s = self.token_ops(tokens)
         head_s = self.head(sampled) if sampled else 0.0
-        if self._operator_scale != 1.0:  # operators in situ vs timed alone (CostModel.fit_framework)
+        if self._operator_scale != 1.0:  # operators in situ vs timed alone (calibrate.fitting.fit_framework)
             scale = self._operator_scale
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)

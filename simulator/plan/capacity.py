@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.requests import Workload
@@ -95,12 +96,12 @@ class CandidateResult:
         return cls(candidate=candidate, **rest)
 
 
-Simulate = Callable[[SimConfig, Workload], dict]
+Simulate = Callable[[SimConfig, Workload, CostModel], dict]
 
 
-def run_summary(config: SimConfig, workload: Workload) -> dict:
+def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> dict:
     # Only the verdict of a failing run is used: it may stop as soon as the verdict is certain.
-    return simulate(config, workload, stop_when_slo_missed=True).summary
+    return simulate(config, workload, cost_model, stop_when_slo_missed=True).summary
 
 
 def meets(summary: dict) -> bool:
@@ -114,15 +115,18 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     workload = spec.workload.scaled(rate_scale) if rate_scale != 1.0 else spec.workload
     result = CandidateResult(candidate, rate_scale, feasible=False)
     try:
-        spec.config(candidate, 1).check()
+        config = spec.config(candidate, 1)
+        config.check()
     except ValueError as exc:
         result.reason = str(exc)
         return result
+    # One cost model for every simulation of this candidate (the replica count changes nothing in it).
+    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
     summaries: dict[int, dict] = {}
 
     def holds(replicas: int) -> bool:
         if replicas not in summaries:
-            summaries[replicas] = run(spec.config(candidate, replicas), workload)
+            summaries[replicas] = run(spec.config(candidate, replicas), workload, cost_model)
             result.simulations += 1
         return meets(summaries[replicas])
 
@@ -155,16 +159,16 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.tpot_p99_s = summary["tpot_s"]["p99"]
     result.e2e_p99_s = summary["e2e_s"]["p99"]
     if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
-        result.headroom = rate_scale * _headroom(spec, candidate, replicas, workload, run, result)
+        result.headroom = rate_scale * _headroom(spec, candidate, replicas, workload, run, result, cost_model)
     return result
 
 
 def _headroom(spec: PlanSpec, candidate: Candidate, replicas: int, workload: Workload, run: Simulate,
-              result: CandidateResult, precision: float = 0.05, limit: float = 64.0) -> float:
+              result: CandidateResult, cost_model: CostModel, precision: float = 0.05, limit: float = 64.0) -> float:
     """Largest x (to `precision`) at which the fleet meets the SLOs at x times this workload's rate."""
     def holds(scale: float) -> bool:
         result.simulations += 1
-        return meets(run(spec.config(candidate, replicas), workload.scaled(scale)))
+        return meets(run(spec.config(candidate, replicas), workload.scaled(scale), cost_model))
 
     # Brackets of (1 + precision)^8: three halvings (in log scale) reach the precision inside one,
     # where a bracket of 2 needs four; over the spread of headrooms plans see (1x to 6x) that is

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from calibrate.fitting import fit_framework, load_cost_model
+
 import pytest
 
 from calibrate.profiler import Profiler, ProfileGrid
 from engine.config import ModelConfig
-from simulator.cost.model import Chunk, CostModel
+from simulator.cost.model import CostModel
+from simulator.cost.types import Chunk
 from simulator.catalog.models import ModelSpec
 from simulator.cost.profile_format import Profile
 
@@ -61,7 +64,7 @@ def test_resume_measures_only_what_is_missing(tiny_profile, tmp_path) -> None:
 
 def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
     profile, path = tiny_profile
-    model = CostModel.load("cpu-local", profile=path)
+    model = load_cost_model("cpu-local", profile=path)
     m = profile.of("gemm")[0]
     measured = model.predict_gemm(m.get("m"), m.get("n"), m.get("k"), "fp32")
     assert measured.provenance == "measured" and measured.time_s == pytest.approx(m.time_s)
@@ -94,7 +97,7 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
     measured = profile.of("all_reduce")
     assert {m.get("world") for m in measured} == {2}
     assert {m.get("nbytes") for m in measured} == {t * 64 * 4 for t in ProfileGrid.quick().tokens}
-    model = CostModel.load("cpu-local", profile=path)
+    model = load_cost_model("cpu-local", profile=path)
     p = model.predict_all_reduce(measured[0].get("nbytes"), 2)
     assert p.provenance == "measured" and p.time_s == pytest.approx(measured[0].time_s)
     # Every other operator is one rank's shard: the simulator's tp=2 step reads it as measured.
@@ -121,7 +124,7 @@ def test_moe_profile_times_experts_dispatch_and_all_to_all_and_the_cost_model_re
     assert {m.get("ffn") for m in experts} == {TINY["intermediate_size"]}
     assert {m.get("tokens") for m in profile.of("moe_dispatch")} == set(ProfileGrid.quick().tokens)
     assert {m.get("world") for m in profile.of("all_to_all")} == {2}
-    model = CostModel.load("cpu-local", profile=path)
+    model = load_cost_model("cpu-local", profile=path)
     point = experts[0]
     p = model.predict_moe_experts(point.get("rows"), point.get("active"), 64, TINY["intermediate_size"], "fp32")
     assert p.provenance == "measured" and p.time_s == pytest.approx(point.time_s)
@@ -157,7 +160,7 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     profile = Profiler(config, grid=grid).run(tmp_path / "q.jsonl")
     points = {(m.get("weight_dtype"), m.get("n"), m.get("k"), m.get("m")): m.time_s for m in profile.of("gemm_quant")}
     assert {w for w, *_ in points} == {"int8", "int4"}
-    model = CostModel.load("cpu-local", profile=str(tmp_path / "q.jsonl"))
+    model = load_cost_model("cpu-local", profile=str(tmp_path / "q.jsonl"))
     (weight, n, k, m), measured = next(iter(points.items()))
     prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
     assert prediction.time_s == pytest.approx(measured) and prediction.provenance == "measured"
@@ -201,7 +204,7 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
 
 def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) -> None:
     profile, path = tiny_profile
-    model = CostModel.load("cpu-local", profile=path)
+    model = load_cost_model("cpu-local", profile=path)
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
     points = {(m.get("batch"), m.get("kv_len")): m.time_s for m in profile.of("attention_verify")}
     assert {b for b, _ in points} == {1, 4} and all(m.get("q_len") == 3 for m in profile.of("attention_verify"))
@@ -221,11 +224,11 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
     """Steps that verify drafts, observed 1 ms slower than their operators say (the draft ran in
     between), fit the verification terms; plain steps keep their fit (zero verify terms without
     such observations)."""
-    from simulator.cost.model import StepObservation
+    from simulator.cost.types import StepObservation
 
     profile, path = tiny_profile
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
-    plain_model = CostModel.load("cpu-local", profile=path)
+    plain_model = load_cost_model("cpu-local", profile=path)
     assert "step_per_verify_s" not in plain_model.framework
     steps = []
     for batch in (1, 2, 4):
@@ -236,13 +239,13 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
                                                                                           block_size=16).total_s))
             steps.append(StepObservation(verify, spec, "fp32", 16, plain_model.step_time(
                 verify, spec, dtype="fp32", block_size=16).total_s + 1e-3))
-    fitted = CostModel.load("cpu-local", profile=path)
+    fitted = load_cost_model("cpu-local", profile=path)
     # Fitted on these observations alone: the profile's forward points were timed on a shared
     # machine, and their noise would move the plain terms that the verify terms are measured
     # against (the observations are the plain fit exactly, plus 1 ms when verifying).
     no_forwards = Profile(profile.hardware, profile.fingerprint, profile.peaks, profile.source,
                           [m for m in profile.measurements if m.op != "forward"], profile.bandwidth_by_size)
-    fitted.fit_framework(no_forwards, steps)
+    fit_framework(fitted, no_forwards, steps)
     extra = fitted.framework["step_per_verify_s"] + spec.num_layers * fitted.framework["layer_per_verify_s"]
     assert extra == pytest.approx(1e-3, rel=0.25)
     verify = [Chunk(3, 64, verify=True)] * 2

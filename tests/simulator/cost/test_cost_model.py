@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from calibrate.fitting import fit_framework, load_cost_model
 from simulator.catalog import get_accelerator, load_hardware, load_model
-from simulator.cost.model import Chunk, CostModel
+from simulator.cost.model import CostModel
+from simulator.cost.types import Chunk
 from simulator.cost.efficiency import gemm_work
 from simulator.cost.profile_format import Measurement, Profile
 
@@ -20,7 +22,7 @@ def gemm_profile(hardware: str = "a100-80gb") -> Profile:
 
 
 def test_interpolation_reproduces_profiled_points_and_says_so() -> None:
-    model = CostModel.load("a100-80gb", profile=gemm_profile())
+    model = load_cost_model("a100-80gb", profile=gemm_profile())
     for m in gemm_profile().of("gemm"):
         p = model.predict_gemm(m.get("m"), 4096, 4096, "fp16")
         assert p.time_s == pytest.approx(m.time_s) and p.provenance == "measured"
@@ -35,8 +37,8 @@ def test_interpolation_reproduces_profiled_points_and_says_so() -> None:
 def test_non_monotone_measurements_still_give_monotone_predictions() -> None:
     profile = gemm_profile()
     profile.measurements.append(Measurement.make("gemm", 15e-6, m=128, n=4096, k=4096, dtype="fp16"))  # a dip
-    model = CostModel.load("a100-80gb", profile=profile)
-    times = [model.gemm(m, 4096, 4096, "fp16") for m in range(1, 3000, 7)]
+    model = load_cost_model("a100-80gb", profile=profile)
+    times = [model.predict_gemm(m, 4096, 4096, "fp16").time_s for m in range(1, 3000, 7)]
     assert all(a <= b for a, b in zip(times, times[1:]))
 
 
@@ -48,25 +50,25 @@ def test_predictions_are_monotone_and_never_beat_the_roofline(hardware: str) -> 
     for n, k in [(4096, 4096), (12288, 4096), (128256, 8192), (1024, 128)]:
         previous = 0.0
         for m in [1, 2, 8, 32, 128, 512, 2048, 8192, 32768]:
-            t = model.gemm(m, n, k, dtype)
+            t = model.predict_gemm(m, n, k, dtype).time_s
             flops, nbytes = gemm_work(m, n, k, dtype)
             assert t >= max(flops / acc.peak_flops(dtype), nbytes / acc.memory_bandwidth)
             assert t >= previous
             previous = t
     previous = 0.0
     for kv in [16, 128, 1024, 8192]:
-        t = model.attention_decode(8, kv, 32, 8, 128, dtype)
+        t = model.predict_attention_decode(8, kv, 32, 8, 128, dtype).time_s
         assert t >= previous
         previous = t
-    assert model.attention_prefill(512, 512, 32, 8, 128, dtype) < model.attention_prefill(512, 4096, 32, 8, 128, dtype)
+    assert model.predict_attention_prefill(512, 512, 32, 8, 128, dtype).time_s < model.predict_attention_prefill(512, 4096, 32, 8, 128, dtype).time_s
 
 
 def test_decode_attention_accepts_one_length_per_sequence() -> None:
     model = CostModel.load("h100-sxm")
-    assert model.attention_decode(3, [100, 200, 300], 32, 8, 128, "bf16") == pytest.approx(
-        model.attention_decode(3, 200, 32, 8, 128, "bf16"))
+    assert model.predict_attention_decode(3, [100, 200, 300], 32, 8, 128, "bf16").time_s == pytest.approx(
+        model.predict_attention_decode(3, 200, 32, 8, 128, "bf16").time_s)
     with pytest.raises(ValueError, match="3 context lengths for a batch of 2"):
-        model.attention_decode(2, [1, 2, 3], 32, 8, 128, "bf16")
+        model.predict_attention_decode(2, [1, 2, 3], 32, 8, 128, "bf16").time_s
 
 
 def test_faster_hardware_predicts_faster_steps() -> None:
@@ -97,7 +99,7 @@ def test_profiled_device_needs_its_profile() -> None:
     with pytest.raises(ValueError, match="pass its profile"):
         CostModel.load("cpu-local")
     with pytest.raises(ValueError, match="the profile is of 'a100-80gb'"):
-        CostModel.load("h100-sxm", profile=gemm_profile())
+        load_cost_model("h100-sxm", profile=gemm_profile())
 
 
 @pytest.mark.parametrize("line, message", [
@@ -124,16 +126,16 @@ def test_profile_of_an_unknown_device_is_rejected(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown device 'warp-drive'"):
         Profile.load(path, known_hardware=set(load_hardware()))
     with pytest.raises(ValueError, match="unknown hardware 'warp-drive'"):
-        CostModel.load("warp-drive", profile=path)
+        load_cost_model("warp-drive", profile=path)
 
 
 def test_idle_wakeup_is_zero_without_measurements_and_interpolated_with_them() -> None:
-    plain = CostModel.load("a100-80gb", profile=gemm_profile())
+    plain = load_cost_model("a100-80gb", profile=gemm_profile())
     assert plain.predict_idle_wakeup(1.0).time_s == 0.0
     profile = gemm_profile()
     profile.measurements += [Measurement.make("idle_wakeup", 0.4e-3, idle_ms=5),
                              Measurement.make("idle_wakeup", 1.2e-3, idle_ms=50)]
-    model = CostModel.load("a100-80gb", profile=profile)
+    model = load_cost_model("a100-80gb", profile=profile)
     assert model.predict_idle_wakeup(0.001).time_s == 0.0  # shorter than any idle measured
     assert model.predict_idle_wakeup(0.005).time_s == pytest.approx(0.4e-3)
     assert 0.4e-3 < model.predict_idle_wakeup(0.02).time_s < 1.2e-3
@@ -146,7 +148,7 @@ def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> Non
     throughput) need the mean, for every batch size observed."""
     import numpy as np
 
-    from simulator.cost.model import StepObservation
+    from simulator.cost.types import StepObservation
 
     cm = CostModel.load("a100-80gb")
     model = load_model("llama-3.1-8b")
@@ -161,7 +163,7 @@ def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> Non
         for factor in rng.lognormal(-noise ** 2 / 2, noise, count):  # mean 1
             steps.append(StepObservation(chunks, model, "bf16", None, true_times[batch] * factor))
     fitted = CostModel.load("a100-80gb")
-    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
     for batch, true_s in true_times.items():
         chunks = [Chunk(1, 512)] * batch
         predicted = fitted.step_time(chunks, model, 1, "bf16").total_s - fitted.predict_step_overhead(batch).time_s
@@ -174,26 +176,27 @@ def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> Non
     ("h100-sxm", "llama-3.1-8b", 2, "int4", None),
     ("l40s", "qwen2.5-7b", 1, "fp8", None),
     ("h200", "llama-3.1-8b", 1, None, "profiles/h200-llama-3.1-8b-bf16-gemm.jsonl"),
+    ("h100-sxm", "mixtral-8x7b", 2, None, None),
 ])
-def test_the_token_ops_timer_is_add_token_ops_to_the_bit(hardware, model, tp, weight_dtype, profile) -> None:
-    """The simulator's hoisted per-step sum equals the cost model's operator by operator sum exactly,
-    measured (profiled GEMMs) and extrapolated alike."""
+def test_the_step_timers_token_sum_is_the_recipes_to_the_bit(hardware, model, tp, weight_dtype, profile) -> None:
+    """The simulator's memoized per-step sum equals the cost model's operator by operator sum of
+    the step recipe exactly, measured (profiled GEMMs) and extrapolated alike, dense and MoE."""
     from pathlib import Path
 
-    from simulator.cost.model import StepCost
+    from simulator.cost.recipe import StepRecipe
+    from simulator.cost.step_timer import StepTimer
+    from simulator.cost.types import StepCost
 
     root = Path(__file__).resolve().parents[3]
-    costs = CostModel.load(hardware, profile=str(root / profile) if profile else None)
+    costs = load_cost_model(hardware, profile=str(root / profile) if profile else None)
     spec = load_model(model)
-    timer = costs.token_ops_timer(spec, tp, "bf16", weight_dtype)
+    timer = StepTimer(costs, spec, tp, 1, "bf16", weight_dtype)
+    recipe = StepRecipe.of(spec, tp, "bf16", weight_dtype)
     for tokens in (1, 2, 3, 7, 16, 100, 257, 1000, 2048, 4097, 8192, 12345):
         cost = StepCost(0.0)
-        costs.add_token_ops(cost, tokens, spec, tp, "bf16", weight_dtype=weight_dtype)
-        assert timer(tokens) == (cost.total_s, cost.by_operator.get("all_reduce", 0.0)), tokens
-
-
-def test_mixture_of_experts_models_keep_the_full_token_ops_path() -> None:
-    assert CostModel.load("h100-sxm").token_ops_timer(load_model("mixtral-8x7b"), 2, "bf16") is None
+        costs.add_ops(cost, recipe.token_ops, tokens)
+        all_reduce = cost.by_operator.get("all_reduce", 0.0)
+        assert timer.token_ops(tokens) == (cost.total_s - all_reduce, all_reduce), tokens
 
 
 def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
@@ -203,7 +206,8 @@ def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
     changes."""
     import numpy as np
 
-    from simulator.cost.model import SHAPE_CHANGE_TERMS, StepObservation, shape_change_features
+    from simulator.cost.host import SHAPE_CHANGE_TERMS, shape_change_features
+    from simulator.cost.types import StepObservation
 
     model = load_model("llama-3.1-8b")
     cm = CostModel.load("a100-80gb")
@@ -220,7 +224,7 @@ def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
                                      ops + 40e-6 + halvings * per_halving_s + doublings * per_doubling_s, previous))
         previous = tokens
     fitted = CostModel.load("a100-80gb")
-    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
     assert fitted.framework["step_per_halving_s"] == pytest.approx(per_halving_s, rel=0.05)
     assert fitted.framework["step_per_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
     assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
@@ -229,6 +233,6 @@ def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
 
     repeated = [StepObservation(o.chunks, o.model, o.dtype, o.block_size, o.forward_s) for o in steps]
     plain = CostModel.load("a100-80gb")
-    plain.fit_framework(Profile("a100-80gb", {}, {}, "test"), repeated)
+    fit_framework(plain, Profile("a100-80gb", {}, {}, "test"), repeated)
     assert not set(SHAPE_CHANGE_TERMS) & set(plain.framework)
     assert plain.predict_shape_change(256, 1).time_s == 0.0

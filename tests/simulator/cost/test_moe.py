@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from calibrate.fitting import fit_framework, load_cost_model
 from simulator.catalog import load_model
-from simulator.cost.model import CostModel, StepCost
+from simulator.cost.model import CostModel
+from simulator.cost.recipe import StepRecipe
+from simulator.cost.types import StepCost
 from simulator.cost.moe import expert_shares, placement, step_load
 from simulator.cost.memory import weight_bytes_per_gpu
 from simulator.cost.profile_format import Measurement, Profile
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 
 
 def test_uniform_routing_spreads_every_pick_and_touches_experts_as_expected() -> None:
@@ -34,9 +37,10 @@ def test_skew_loads_the_hottest_rank_more() -> None:
 
 
 def moe_layer_time(cost_model: CostModel, model, tokens: int, **kwargs) -> float:
-    cost = StepCost(0.0)
-    cost_model.add_moe(cost, tokens, model, kwargs.pop("tp", 1), "bf16", 1, **kwargs)
-    return cost.by_operator["moe_experts"]
+    """One MoE layer's routed experts (the recipe's moe_experts operator, once)."""
+    recipe = StepRecipe.of(model, kwargs.pop("tp", 1), "bf16", **kwargs)
+    op = next(op for op in recipe.token_ops if op.name == "moe_experts")
+    return cost_model.source(op.kind, op.shape).time(tokens)
 
 
 def test_few_tokens_read_few_experts_and_many_tokens_amortize_them() -> None:
@@ -54,9 +58,9 @@ def test_expert_parallel_adds_all_to_all_and_skew_slows_it() -> None:
     cm = CostModel.load("h100-sxm")
     mixtral = load_model("mixtral-8x7b")
     plain, ep, skewed = StepCost(0.0), StepCost(0.0), StepCost(0.0)
-    cm.add_token_ops(plain, 512, mixtral, 4, "bf16")
-    cm.add_token_ops(ep, 512, mixtral, 4, "bf16", expert_parallel=True)
-    cm.add_token_ops(skewed, 512, mixtral, 4, "bf16", expert_parallel=True, routing_skew=1.5)
+    cm.add_ops(plain, StepRecipe.of(mixtral, 4, "bf16").token_ops, 512)
+    cm.add_ops(ep, StepRecipe.of(mixtral, 4, "bf16", expert_parallel=True).token_ops, 512)
+    cm.add_ops(skewed, StepRecipe.of(mixtral, 4, "bf16", expert_parallel=True, routing_skew=1.5).token_ops, 512)
     assert "all_to_all" in ep.by_operator and "all_to_all" not in plain.by_operator
     assert skewed.by_operator["moe_experts"] > ep.by_operator["moe_experts"]
 
@@ -72,7 +76,7 @@ def test_profiled_expert_points_are_used_and_interpolated_between_expert_counts(
         for rows, extra in ((1, 0.0), (16, 50e-6)):
             profile.measurements.append(Measurement.make("moe_experts", base + active * extra, rows=rows, active=active,
                                                          hidden=64, ffn=96, dtype="bf16"))
-    cm = CostModel.load("a100-80gb", profile=profile)
+    cm = load_cost_model("a100-80gb", profile=profile)
     at_one = cm.predict_moe_experts(1, 1, 64, 96, "bf16")
     assert at_one.time_s == pytest.approx(100e-6) and at_one.provenance == "measured"
     between = cm.predict_moe_experts(1, 2.5, 64, 96, "bf16")
@@ -107,7 +111,8 @@ def test_a_step_reads_the_experts_it_touches() -> None:
 
 
 def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() -> None:
-    from simulator.cost.model import MOE_TERMS, Chunk, StepObservation, moe_host_features
+    from simulator.cost.host import MOE_TERMS, moe_host_features
+    from simulator.cost.types import Chunk, StepObservation
 
     cm = CostModel.load("a100-80gb")
     mixtral, dense = load_model("mixtral-8x7b"), load_model("llama-3.1-8b")
@@ -123,11 +128,11 @@ def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() 
         return 20e-6 * layers + 5e-6 * touched
     steps = [observed(mixtral, b, host(mixtral, b)) for b in range(1, 65, 2)]
     fitted = CostModel.load("a100-80gb")
-    fitted.fit_framework(Profile("a100-80gb", {}, {}, "test"), steps)
+    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
     assert set(MOE_TERMS) <= set(fitted.framework)
     for o in steps:
         predicted = fitted.step_time(o.chunks, mixtral, 1, "bf16").total_s - fitted.predict_step_overhead(len(o.chunks)).time_s
         assert predicted == pytest.approx(o.forward_s, rel=0.02)
     dense_fit = CostModel.load("a100-80gb")
-    dense_fit.fit_framework(Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
+    fit_framework(dense_fit, Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
     assert not set(MOE_TERMS) & set(dense_fit.framework)

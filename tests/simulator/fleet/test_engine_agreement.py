@@ -8,11 +8,12 @@ from engine import EngineConfig, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from simulator.fleet import run as sim_run
-from simulator.cost.model import Chunk, CostModel
+from simulator.cost.model import CostModel
+from simulator.cost.types import Chunk
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.cost.step_timer import StepTimer
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 
 BLOCK, BLOCKS, SEQS, BUDGET = 4, 24, 6, 24
 

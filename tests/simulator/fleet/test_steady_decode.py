@@ -3,12 +3,14 @@ scheduling decisions equal those of stepping the scheduler one step at a time.""
 
 from __future__ import annotations
 
+from calibrate.fitting import fit_framework, load_cost_model
+
 import pandas as pd
 import pytest
 
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from tests.simulator.helpers import assert_same_simulation
 
 CASES = [
@@ -122,7 +124,8 @@ def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
 def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, tmp_path) -> None:
     """A calibrated cost model charges a step whose token count changed (StepTimer.shape_change):
     a bulk run's first step carries it after a prefill or a finish, as stepping does."""
-    from simulator.cost.model import FRAMEWORK_TERMS, CostModel
+    from simulator.cost.host import FRAMEWORK_TERMS
+    from simulator.cost.model import CostModel
 
     if profiled:  # the padded path
         config, spec = _profiled_config(tmp_path), PROFILED_SPEC
@@ -131,7 +134,7 @@ def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, t
         spec = "synthetic:num=200,input=uniform(20,900),output=uniform(1,300),rate=30"
 
     def charged() -> CostModel:
-        cost_model = CostModel.load(config.hardware, profile=config.profile)
+        cost_model = load_cost_model(config.hardware, profile=config.profile)
         cost_model.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0,
                                 **cost_model.framework,
                                 "step_per_halving_s": 2e-3, "step_per_doubling_s": 1e-3}
