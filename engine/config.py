@@ -1,7 +1,9 @@
 """Configuration of the engine: model facts from an HF config, cache and scheduler knobs.
 
 No torch here: the simulator builds the same SchedulerConfig / CacheConfig and runs the same
-scheduler and block manager as the engine.
+scheduler and block manager as the engine. The config.json itself is read by
+engine/model_description.py (its ARCHITECTURES registry: how to add a family); ModelConfig is the
+engine's view of that description.
 """
 
 from __future__ import annotations
@@ -12,22 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"}
+from engine.model_description import ENGINE_ARCHITECTURES, DecoderShape, ModelDescription, describe
+from engine.model_description import RopeConfig  # re-exported: engine/rope.py and ModelConfig.rope
+
+SUPPORTED_ARCHITECTURES = ENGINE_ARCHITECTURES  # the registry's families with engine=True
+ROPE_TYPES = ("default", "linear", "llama3")  # engine/rope.py
 
 
 @dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture facts of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
+class ModelConfig(DecoderShape):
+    """Architecture facts of a Llama-family decoder the engine runs (q_size, kv_size and
+    num_parameters: DecoderShape)."""
 
     model_type: str
     vocab_size: int
@@ -93,31 +90,16 @@ class ModelConfig:
             object.__setattr__(self, "sparse_layers", tuple([False] * self.num_layers))
 
     @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
+    def num_moe_layers(self) -> int:
+        return sum(self.sparse_layers)
 
     @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+    def shared_expert_gate(self) -> bool:  # engine/moe.py gates the shared expert (Qwen2-MoE's)
+        return bool(self.shared_expert_intermediate_size)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V, all layers, for one token."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes
-
-    def num_parameters(self) -> int:
-        attn = (self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
-                + (self.q_size + 2 * self.kv_size if self.qkv_bias else 0) + (self.hidden_size if self.o_bias else 0))
-        dense = 3 * self.hidden_size * self.intermediate_size + (
-            2 * self.intermediate_size + self.hidden_size if self.mlp_bias else 0)
-        sparse = (self.hidden_size * self.num_experts  # router
-                  + 3 * self.hidden_size * self.moe_intermediate_size * self.num_experts
-                  + (3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size
-                     if self.shared_expert_intermediate_size else 0))
-        mlp = sum(sparse if s else dense for s in self.sparse_layers)
-        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        embed = self.vocab_size * self.hidden_size
-        head = 0 if self.tie_word_embeddings else embed
-        return self.num_layers * (attn + norms) + mlp + embed + head + self.hidden_size
 
     @classmethod
     def from_hf(cls, source: Any) -> "ModelConfig":
@@ -148,100 +130,41 @@ class ModelConfig:
             raise ValueError(f"model_type {model_type!r} is not supported by the engine; "
                              f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
         try:
-            hidden = int(raw["hidden_size"])
-            heads = int(raw["num_attention_heads"])
-            layers = int(raw["num_hidden_layers"])
-            vocab = int(raw["vocab_size"])
-            intermediate = int(raw["intermediate_size"])
+            description = describe(raw)
         except KeyError as exc:
             raise ValueError(f"model config lacks {exc.args[0]!r}: is this a Llama-family config.json?") from exc
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
-        head_dim = raw.get("head_dim")
+        return cls.from_description(description)
+
+    @classmethod
+    def from_description(cls, d: ModelDescription) -> "ModelConfig":
+        """The engine's view of a model description. Where config.json is silent, the engine's
+        defaults (they differ from the simulator's, simulator/catalog/models.py): max_position_embeddings
+        2048; dtype (read before torch_dtype) float32; head_dim hidden_size / num_heads, which must
+        divide; and the family's transformers defaults for the keys in d.assumed. Only the rope
+        types engine/rope.py computes."""
+        head_dim = d.head_dim
         if head_dim is None:
-            if heads <= 0 or hidden % heads != 0:
-                raise ValueError(f"model config: hidden_size={hidden} is not divisible by "
-                                 f"num_attention_heads={heads} and no head_dim is given: set head_dim")
-            head_dim = hidden // heads
+            if d.num_heads <= 0 or d.hidden_size % d.num_heads != 0:
+                raise ValueError(f"model config: hidden_size={d.hidden_size} is not divisible by "
+                                 f"num_attention_heads={d.num_heads} and no head_dim is given: set head_dim")
+            head_dim = d.hidden_size // d.num_heads
+        if d.rope.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope type {d.rope.rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        # None: the experts are as wide as the dense MLP (Mixtral); the engine keeps the width itself.
+        expert_width = d.intermediate_size if d.moe_intermediate_size is None else d.moe_intermediate_size
         return cls(
-            model_type=model_type,
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=intermediate,
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=int(head_dim),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope=_rope_from_dict(raw),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=bool(raw.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe"),
-            o_bias=bool(raw.get("attention_bias", False)) and model_type not in ("qwen2", "qwen2_moe"),
-            mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
-            sliding_windows=_sliding_windows(raw, model_type, layers),
-            hidden_act=raw.get("hidden_act", "silu"),
-            eos_token_ids=_int_tuple(raw.get("eos_token_id")),
-            dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
-            **_moe_from_dict(raw, model_type, layers, intermediate),
+            model_type=d.model_type, vocab_size=d.vocab_size, hidden_size=d.hidden_size,
+            intermediate_size=d.intermediate_size, num_layers=d.num_layers, num_heads=d.num_heads,
+            num_kv_heads=d.num_kv_heads, head_dim=head_dim,
+            max_position_embeddings=2048 if d.max_position_embeddings is None else d.max_position_embeddings,
+            rms_norm_eps=d.rms_norm_eps, rope=d.rope, tie_word_embeddings=d.tie_word_embeddings,
+            qkv_bias=d.qkv_bias, o_bias=d.o_bias, mlp_bias=d.mlp_bias, qk_norm=d.qk_norm,
+            sliding_windows=d.sliding_windows, hidden_act=d.hidden_act, eos_token_ids=d.eos_token_ids,
+            dtype=d.dtype or d.torch_dtype or "float32",
+            num_experts=d.num_experts, experts_per_token=d.experts_per_token, moe_intermediate_size=expert_width,
+            shared_expert_intermediate_size=d.shared_expert_intermediate_size, norm_topk_prob=d.norm_topk_prob,
+            sparse_layers=d.sparse_layers,
         )
-
-
-def _moe_from_dict(raw: dict[str, Any], model_type: str, layers: int, intermediate: int) -> dict[str, Any]:
-    """ModelConfig's mixture-of-experts fields from a Mixtral or Qwen2-MoE config.json."""
-    if model_type == "mixtral":
-        return dict(num_experts=int(raw.get("num_local_experts", 8)),
-                    experts_per_token=int(raw.get("num_experts_per_tok", 2)),
-                    moe_intermediate_size=intermediate, norm_topk_prob=True)
-    if model_type == "qwen2_moe":
-        step = int(raw.get("decoder_sparse_step", 1) or 1)
-        dense = set(raw.get("mlp_only_layers") or [])
-        num_experts = int(raw.get("num_experts", 60))
-        return dict(num_experts=num_experts, experts_per_token=int(raw.get("num_experts_per_tok", 4)),
-                    moe_intermediate_size=int(raw.get("moe_intermediate_size", 1408)),
-                    shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
-                    norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-                    sparse_layers=tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
-                                        for i in range(layers)))
-    return {}
-
-
-def _int_tuple(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
-
-
-def _rope_from_dict(raw: dict[str, Any]) -> RopeConfig:
-    # transformers >= 5 writes `rope_parameters` (with rope_theta inside); older config.json files
-    # have `rope_theta` and `rope_scaling` at the top level.
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "linear", "llama3"):
-        raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3")
-    return RopeConfig(
-        theta=theta,
-        rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
-    )
-
-
-def _sliding_windows(raw: dict[str, Any], model_type: str, layers: int) -> tuple[int | None, ...]:
-    window = raw.get("sliding_window")
-    layer_types = raw.get("layer_types")
-    if window is None:
-        return tuple([None] * layers)
-    if layer_types:
-        return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
-    if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
-        return tuple([None] * layers)
-    return tuple([int(window)] * layers)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 HF config.json path. Dense Llama-family models and mixture-of-experts models (Mixtral, Qwen2-MoE,
 Llama 4, DeepSeek-V2: routed experts, optional shared experts, leading dense layers).
 
-DeepSeek's multi-head latent attention (MLA) is read as what it costs a server: each token caches
-one latent of kv_lora_rank + qk_rope_head_dim values per layer, which is modeled as one KV head
-pair of half that width (head_dim) shared by every query head -- the same KV bytes per token and a
-grouped-query attention of that width."""
+config.json is read by engine/model_description.py (torch-free), the one reader the engine shares;
+its ARCHITECTURES registry lists the families (how to add one: its docstring), and DeepSeek's
+multi-head latent attention is read there as one KV head pair of half the latent's width shared by
+every query head -- the same KV bytes per token. ModelSpec is the simulator's view of that
+description; q_size, kv_size and num_parameters come from the same formula as the engine's
+(DecoderShape), without the biases and norms the cost model does not time."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.model_description import ARCHITECTURES, DecoderShape, ModelDescription, describe
+
 MODELS_DIR = Path(__file__).with_name("models")
-SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "llama4_text", "deepseek_v2"}
+SUPPORTED = frozenset(ARCHITECTURES)  # every family the description reads, engine-runnable or not
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(BaseModel, DecoderShape):
     model_config = ConfigDict(frozen=True)
 
     name: str
@@ -40,20 +44,8 @@ class ModelSpec(BaseModel):
     dtype: str = "bfloat16"
 
     @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
-
-    @property
-    def expert_intermediate_size(self) -> int:
-        return self.moe_intermediate_size or self.intermediate_size
 
     @property
     def num_moe_layers(self) -> int:
@@ -94,17 +86,6 @@ class ModelSpec(BaseModel):
             "lm_head": (self.vocab_size // tp, self.hidden_size),
         }
 
-    def num_parameters(self) -> int:
-        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
-        dense = 3 * self.hidden_size * self.intermediate_size
-        sparse = (3 * self.hidden_size * self.expert_intermediate_size * self.num_experts
-                  + self.hidden_size * self.num_experts  # the router
-                  + 3 * self.hidden_size * self.shared_expert_intermediate_size)
-        mlp = (self.num_layers - self.num_moe_layers) * dense + self.num_moe_layers * sparse
-        embed = self.vocab_size * self.hidden_size
-        return self.num_layers * (attn + 2 * self.hidden_size) + mlp + embed * (
-            1 if self.tie_word_embeddings else 2) + self.hidden_size
-
     def active_parameters(self) -> int:
         """Parameters one token computes with: the routed experts it picks, not all of them."""
         if not self.is_moe:
@@ -119,48 +100,31 @@ class ModelSpec(BaseModel):
             raise ValueError(f"model {name}: architecture {model_type!r} is not supported; "
                              f"supported: {', '.join(sorted(SUPPORTED))}")
         try:
-            heads = int(raw["num_attention_heads"])
-            hidden = int(raw["hidden_size"])
-            kv_heads = int(raw.get("num_key_value_heads") or heads)
-            head_dim = int(raw.get("head_dim") or hidden // heads)
-            if model_type == "deepseek_v2":  # MLA: one latent per token (see the module's docstring)
-                kv_heads = 1
-                head_dim = (int(raw["kv_lora_rank"]) + int(raw["qk_rope_head_dim"])) // 2
-            return cls(
-                name=name, model_type=model_type, num_layers=int(raw["num_hidden_layers"]), hidden_size=hidden,
-                intermediate_size=int(raw.get("intermediate_size_mlp") or raw["intermediate_size"]), num_heads=heads,
-                num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=int(raw["vocab_size"]),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"), **_moe_fields(raw, model_type))
+            description = describe(raw)
         except KeyError as exc:
             raise ValueError(f"model {name}: config lacks {exc.args[0]!r}") from None
+        return cls.from_description(description, name)
 
-
-def _moe_fields(raw: dict, model_type: str) -> dict:
-    """ModelSpec's mixture-of-experts fields from the config.json of each MoE family."""
-    layers = int(raw["num_hidden_layers"])
-    if model_type == "mixtral":
-        return dict(num_experts=int(raw.get("num_local_experts") or 8), experts_per_token=int(raw.get("num_experts_per_tok") or 2))
-    if model_type == "qwen2_moe":
-        step = int(raw.get("decoder_sparse_step") or 1)
-        dense = set(raw.get("mlp_only_layers") or [])
-        return dict(num_experts=int(raw["num_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
-                    moe_intermediate_size=int(raw["moe_intermediate_size"]),
-                    shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
-                    num_dense_layers=sum(1 for i in range(layers) if i in dense or (i + 1) % step))
-    if model_type == "llama4_text":  # every interleave_moe_layer_step-th layer is MoE, with one shared expert
-        step = int(raw.get("interleave_moe_layer_step") or 1)
-        return dict(num_experts=int(raw["num_local_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
-                    moe_intermediate_size=int(raw["intermediate_size"]),
-                    shared_expert_intermediate_size=int(raw["intermediate_size"]),
-                    num_dense_layers=layers - layers // step)
-    if model_type == "deepseek_v2":
-        moe = int(raw["moe_intermediate_size"])
-        return dict(num_experts=int(raw["n_routed_experts"]), experts_per_token=int(raw["num_experts_per_tok"]),
-                    moe_intermediate_size=moe, shared_expert_intermediate_size=moe * int(raw.get("n_shared_experts") or 0),
-                    num_dense_layers=int(raw.get("first_k_dense_replace") or 0))
-    return {}
+    @classmethod
+    def from_description(cls, d: ModelDescription, name: str) -> "ModelSpec":
+        """The simulator's view of a model description. Where config.json is silent, the simulator's
+        defaults (they differ from the engine's, engine/config.py): max_position_embeddings 4096;
+        dtype (torch_dtype read before dtype) bfloat16; head_dim hidden_size // num_heads; and no
+        guessed MoE shape: a key the reader had to assume (d.assumed) is an error."""
+        if d.assumed:
+            raise ValueError(f"model {name}: config lacks {d.assumed[0]!r}")
+        moe = {}
+        if d.num_experts:  # dense: ModelSpec's defaults (num_experts 1, ...)
+            moe = dict(num_experts=d.num_experts, experts_per_token=d.experts_per_token,
+                       moe_intermediate_size=d.moe_intermediate_size or 0,  # 0 (None there): intermediate_size
+                       shared_expert_intermediate_size=d.shared_expert_intermediate_size,
+                       num_dense_layers=d.num_layers - sum(d.sparse_layers))
+        return cls(
+            name=name, model_type=d.model_type, num_layers=d.num_layers, hidden_size=d.hidden_size,
+            intermediate_size=d.intermediate_size, num_heads=d.num_heads, num_kv_heads=d.num_kv_heads,
+            head_dim=d.head_dim or d.hidden_size // d.num_heads, vocab_size=d.vocab_size,
+            max_position_embeddings=4096 if d.max_position_embeddings is None else d.max_position_embeddings,
+            tie_word_embeddings=d.tie_word_embeddings, dtype=d.torch_dtype or d.dtype or "bfloat16", **moe)
 
 
 def catalog_model_ids() -> list[str]:

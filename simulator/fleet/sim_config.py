@@ -16,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
 from simulator.cost.memory import MemoryPlan, plan_memory
+from simulator.fleet.router import ROUTERS
 
 WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
 ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
-Router = Literal["round_robin", "least_outstanding_tokens", "prefix_affinity"]
+Router = Literal[ROUTERS]  # the names in simulator/fleet/router.py's registry
 SchedulerKind = Literal["continuous", "static"]
 
 _SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean)$")
