@@ -11,10 +11,9 @@ a point-to-point send of its hidden states.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from engine.decode_groups import padded_decode_batches
 from engine.scheduler import ScheduledChunk
@@ -24,6 +23,7 @@ from simulator.cost.host import SHAPE_CHANGE_TERMS, framework_overhead, moe_host
 from simulator.cost.model import CostModel
 from simulator.cost.moe import step_load
 from simulator.cost.recipe import StepRecipe
+from simulator.cost.steady_runs import PaddedSteadyRun, SteadyRun, StepParts, UniformSteadyRun
 
 # Distinct arguments remembered per part before the memo starts afresh (bounds memory on long runs).
 _MEMO_LIMIT = 200_000
@@ -237,12 +237,12 @@ class StepTimer:
         if context is None:  # the first step's total decode context, unless the caller summed it
             context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
-        return _UniformSteadyRun(self, n, context, steps, start_s,
+        return UniformSteadyRun(self, n, context, steps, start_s,
                                  self._complete(n, n, n, context, 0, 0.0, 0, 0, n, 0.0, 1), first_extra_s)
 
     def _padded_steady_run(self, running, steps: int, start_s: float, first_extra_s: float) -> "SteadyRun":
         times: list[float] = []
-        parts_of_steps: list[_StepParts] = []
+        parts_of_steps: list[StepParts] = []
         now = start_s
         for k in range(steps):
             parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
@@ -250,7 +250,7 @@ class StepTimer:
             now += parts.total_s + first_extra_s if k == 0 else parts.total_s
             times.append(now)
             parts_of_steps.append(parts)
-        return _PaddedSteadyRun(self, steps, times, parts_of_steps)
+        return PaddedSteadyRun(self, steps, times, parts_of_steps)
 
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk]) -> float:
@@ -258,7 +258,7 @@ class StepTimer:
         parts = self._parts(chunks)
         return self._record(parts) if parts is not None else 0.0
 
-    def _parts(self, chunks: Seq[ScheduledChunk]) -> "_StepParts | None":
+    def _parts(self, chunks: Seq[ScheduledChunk]) -> "StepParts | None":
         tokens = sampled = decodes = decode_context = prefill_tokens = head_rows = 0
         prefill_s = 0.0
         keys = prefill_context = 0
@@ -304,7 +304,7 @@ class StepTimer:
 
     def _complete(self, tokens: int, sampled: int, decodes: int, decode_context: int, prefill_tokens: int,
                   prefill_s: float, keys: int, prefill_context: int, num_chunks: int, decode_s: float,
-                  groups: int, verifying: int = 0) -> "_StepParts":
+                  groups: int, verifying: int = 0) -> "StepParts":
         """The token-proportional, head and host parts of a step whose attention is known."""
         compute_s, comm_s = self.token_ops(tokens)
         head_s = self.head(sampled) if sampled else 0.0
@@ -313,12 +313,12 @@ class StepTimer:
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)
         overhead_s = self.overhead(num_chunks, num_chunks - decodes, groups, tokens, verifying)
-        return _StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
+        return StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
                           self._flops_per_token * tokens + self._flops_per_sample * sampled
                           + self._attention_flops_per_key * (keys + decode_context),
                           self.weight_bytes(tokens) + self._kv_bytes_per_token * (decode_context + prefill_context))
 
-    def _record(self, parts: "_StepParts") -> float:
+    def _record(self, parts: "StepParts") -> float:
         """Add a step's parts to `split`; its time."""
         split = self.split
         split.prefill_s += parts.prefill_s + (parts.compute_s + parts.head_s) * parts.prefill_share
@@ -329,100 +329,3 @@ class StepTimer:
         split.bytes_moved += parts.bytes_moved
         split.steps += 1
         return parts.total_s
-
-
-class SteadyRun:
-    """Steady decode steps from a start time: end_times holds those timed so far (at least one),
-    at most `steps`; commit(k) books the first k into the timer's split. This base times every
-    step up front; subclasses may time them as asked."""
-
-    def __init__(self, timer: StepTimer, steps: int, end_times: list[float]) -> None:
-        self.timer, self.steps, self.end_times = timer, steps, end_times
-
-    def plan(self, count: int) -> None:
-        """Time the steps up to the count-th (at most `steps`)."""
-
-    def plan_until(self, time_s: float) -> None:
-        """Time steps until one ends after time_s (an arrival then ends the run by that step), or
-        all of them."""
-
-    def commit(self, k: int) -> None:
-        raise NotImplementedError
-
-
-class _UniformSteadyRun(SteadyRun):
-    """Unpadded decode attention: the steps differ only in their decode attention, over n more
-    keys each step. Steps are timed as asked: a run is often cut short by an arrival."""
-
-    def __init__(self, timer: StepTimer, n: int, context: int, steps: int, start_s: float, base: "_StepParts",
-                 first_extra_s: float = 0.0) -> None:
-        super().__init__(timer, steps, [])
-        self.n, self.first_context, self.context, self.now, self.base = n, context, context, start_s, base
-        self.first_extra_s = first_extra_s
-        self.decode_times: list[float] = []
-        self._time(1, math.inf)
-
-    def plan(self, count: int) -> None:
-        self._time(count, math.inf)
-
-    def plan_until(self, time_s: float) -> None:
-        self._time(self.steps, time_s)
-
-    def _time(self, count: int, until_s: float) -> None:
-        """Time steps up to the count-th, stopping after the first that ends past until_s."""
-        timer, n, scale = self.timer, self.n, self.timer._operator_scale
-        compute_s, comm_s, prefill_s, head_s, overhead_s = (self.base.compute_s, self.base.comm_s, self.base.prefill_s,
-                                                            self.base.head_s, self.base.overhead_s)
-        times, decode_times, now, context = self.end_times, self.decode_times, self.now, self.context
-        count = min(count, self.steps)
-        while len(times) < count and (not times or times[-1] <= until_s):
-            decode_s = timer.decode_attention(n, context)
-            if scale != 1.0:
-                decode_s = decode_s * scale
-            step_s = compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # _StepParts.total_s
-            now += step_s + self.first_extra_s if not times else step_s
-            times.append(now)
-            decode_times.append(decode_s)
-            context += n
-        self.now, self.context = now, context
-
-    def commit(self, k: int) -> None:
-        timer, base, n = self.timer, self.base, self.n
-        split = timer.split
-        split.decode_s += sum(self.decode_times[:k]) + k * (base.compute_s + base.head_s)
-        split.communication_s += k * base.comm_s
-        split.overhead_s += k * base.overhead_s
-        # Flops and bytes grow linearly with the context, n keys more each step.
-        keys = k * self.first_context + n * k * (k - 1) // 2
-        split.flops += (k * (timer._flops_per_token * n + timer._flops_per_sample * n)
-                        + timer._attention_flops_per_key * keys)
-        split.bytes_moved += k * timer.weight_bytes(n) + timer._kv_bytes_per_token * keys
-        split.steps += k
-
-
-class _PaddedSteadyRun(SteadyRun):
-    """Padded decode batches (profiled engine devices): every step timed up front."""
-
-    def __init__(self, timer: StepTimer, steps: int, end_times: list[float], parts: list["_StepParts"]) -> None:
-        super().__init__(timer, steps, end_times)
-        self.parts = parts
-
-    def commit(self, k: int) -> None:
-        for parts in self.parts[:k]:
-            self.timer._record(parts)
-
-
-class _StepParts(NamedTuple):
-    compute_s: float
-    comm_s: float
-    prefill_s: float
-    decode_s: float
-    head_s: float
-    overhead_s: float
-    prefill_share: float
-    flops: float
-    bytes_moved: float
-
-    @property
-    def total_s(self) -> float:
-        return self.compute_s + self.comm_s + self.prefill_s + self.decode_s + self.head_s + self.overhead_s
