@@ -21,7 +21,7 @@ import multiprocessing
 import traceback
 from collections.abc import Callable
 
-from simulator.fleet.run import FleetRecord, FleetSetup, simulate_replicas
+from simulator.fleet.fleet import FleetRecord, FleetSetup, simulate_replicas
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.slo_watch import SloWatch
 from simulator.workload.requests import Workload

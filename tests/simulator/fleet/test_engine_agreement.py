@@ -7,7 +7,7 @@ import pytest
 from engine import EngineConfig, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from simulator.fleet import run as sim_run
+from simulator.fleet import fleet as sim_run
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.fleet.run import simulate

@@ -11,9 +11,10 @@ import pytest
 
 from simulator.fleet import replica_groups
 from simulator.cost.model import CostModel
-from simulator.fleet.run import DEFAULT_SAMPLES, FleetRecord, FleetSetup, simulate, simulate_replicas
+from simulator.fleet.fleet import FleetRecord, FleetSetup, simulate_replicas
+from simulator.fleet.run import DEFAULT_SAMPLES, simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 
 CASES = [
     # uneven groups (5 replicas over 2 processes), prefix caching, a request too long to serve

@@ -1,0 +1,176 @@
+"""Some replicas of a fleet behind its router, simulated on the requests routed among them: what
+every replica of a run shares (FleetSetup) and what simulating them leaves (FleetRecord). No torch."""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import simpy
+
+from engine.config import CacheConfig, SchedulerConfig
+from engine.scheduler import Scheduler
+from simulator.catalog.models import ModelSpec
+from simulator.cost.memory import MemoryPlan
+from simulator.cost.model import CostModel
+from simulator.cost.step_timer import StepTimer, TimeSplit
+from simulator.fleet.block_pool import ExactKeyBlockPool
+from simulator.fleet.metrics import Recorder
+from simulator.fleet.replica import ArrivalClock, Replica
+from simulator.fleet.router import Router
+from simulator.fleet.sim_config import SimConfig
+from simulator.fleet.slo_watch import SloWatch
+from simulator.fleet.speculation import Speculation, acceptance_profile, request_rates
+from simulator.fleet.static_batching import StaticBatchScheduler
+from simulator.workload.block_keys import BlockKeys
+
+
+@dataclass
+class FleetSetup:
+    """What every replica of a run shares, whichever process simulates it."""
+
+    config: SimConfig
+    model: ModelSpec  # config.check()'s, as the replicas need them
+    plan: MemoryPlan
+    cost_model: CostModel
+    draft_cost_model: CostModel | None
+    bulk_decodes: bool
+    exact_block_keys: bool
+    sample_every_s: float  # time-series interval of each replica
+
+
+@dataclass
+class FleetRecord:
+    """What simulating some of a fleet's replicas leaves for its summary."""
+
+    recorder: Recorder
+    split: TimeSplit
+    busy_s: float  # summed over the replicas
+    speculation: list[dict]  # per replica with speculative decoding: its counts (Speculation.counts)
+    replicas: list[int]  # the replicas simulated (global indices)
+
+    @classmethod
+    def merged(cls, records: list["FleetRecord"]) -> "FleetRecord":
+        if len(records) == 1:
+            return records[0]
+        # In replica order: the merged rows and samples do not depend on which process ran what.
+        records = sorted(records, key=lambda r: r.replicas)
+        recorder, split = Recorder(), TimeSplit()
+        for r in records:
+            recorder.merge(r.recorder)
+            split.merge(r.split)
+        return cls(recorder, split, sum(r.busy_s for r in records), [s for r in records for s in r.speculation],
+                   [i for r in records for i in r.replicas])
+
+
+def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
+                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
+    """Simulate these replicas of the fleet (their global indices) behind the config's router, on
+    the requests routed among them, in arrival order. on_done(number done) as requests finish."""
+    config, cost_model, model, plan = fleet.config, fleet.cost_model, fleet.model, fleet.plan
+    max_len = config.resolved_max_model_len(model, plan)
+    pp = config.pp
+    blocks_per_engine = plan.num_blocks // pp
+    if blocks_per_engine < 1:
+        raise ValueError(f"{plan.num_blocks} KV blocks cannot be shared by pp={pp} virtual engines: use a smaller pp")
+    scheduler_config = SchedulerConfig(max_num_seqs=max(1, config.max_num_seqs // pp),
+                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       max_model_len=max_len, enable_chunked_prefill=config.enable_chunked_prefill,
+                                       num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
+    # The engine's scheduler and pool; with prefix caching, the pool's subclass that takes exact block
+    # keys (simulator/workload/block_keys.py, simulator/fleet/block_pool.py) instead of hashing each
+    # block's tokens: the same decisions, a fraction of the work.
+    exact_keys = fleet.exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
+    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
+    block_keys = BlockKeys(config.block_size) if exact_keys else None
+
+    def make_scheduler():
+        if config.scheduler == "static":
+            return StaticBatchScheduler(scheduler_config, cache_config)
+        if exact_keys:
+            return Scheduler(scheduler_config, cache_config, block_manager_class=ExactKeyBlockPool)
+        return Scheduler(scheduler_config, cache_config)
+
+    weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
+    if timer is None:
+        timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
+                          config.block_size, expert_parallel=config.expert_parallel,
+                          routing_skew=config.routing_skew)
+    env = simpy.Environment()
+    clock = ArrivalClock(requests[0].arrival_s)
+    recorder = Recorder()
+    recorder.watch = watch
+    speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
+    replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
+                        speculation(i) if speculation else None, block_keys) for i in replica_indices]
+    router = Router(config.router, replicas)
+    if on_done is not None:
+        recorder.on_progress(on_done, every=max(1, len(requests) // 200))
+
+    def arrivals():
+        for i, request in enumerate(requests):
+            if request.arrival_s > env.now:
+                yield env.timeout(request.arrival_s - env.now)
+            clock.next_arrival_s = requests[i + 1].arrival_s if i + 1 < len(requests) else math.inf
+            router.route(request).submit(request)
+
+    env.process(arrivals())
+    if watch is None:
+        env.run()
+    else:
+        while watch.decided is None and env.peek() != math.inf:
+            env.step()
+    recorder.watch = None
+    recorder.on_progress(None)
+    if watch is None or watch.decided is None:
+        for replica in replicas:  # anything left could never be scheduled (not merely cut off by a stop)
+            for engine in replica.engines:
+                for seq in engine.sequences.values():
+                    recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
+                                    seq.sampling.max_tokens,
+                                    "never scheduled: the replica could not fit it alongside its other requests")
+    recorder.flush_gaps()  # binned here, where they were simulated: the record sent back stays small
+    record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
+                         [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices)
+    for replica in replicas:
+        replica.release()
+    return record
+
+
+@contextmanager
+def cyclic_gc_paused():
+    """Python's cyclic garbage collector paused for the block: a simulation holds millions of
+    long-lived tuples (block identities, scheduled chunks) that each collection would walk again,
+    a third of the run's time, while it makes almost no cyclic garbage. Restored on exit."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dtype: str | None,
+                     draft_costs: CostModel | None = None) -> Callable[[int], Speculation] | None:
+    """replica index -> that replica's speculative-decoding model (None when off). The acceptance
+    profile and the draft's timer are built once and shared; acceptance draws are seeded per replica."""
+    if config.speculative is None:
+        return None
+    cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
+    rates = request_rates(config.acceptance_file)
+    draft = config.draft_spec(model)
+    draft_timer = None
+    if draft is not None:
+        # A profile of the draft itself, where given: small models are bound by per-operator
+        # overheads that the target's curves extrapolate poorly.
+        if draft_costs is None:
+            draft_costs = cost_model if config.draft_profile is None else CostModel.load(
+                config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
+        draft_timer = StepTimer(draft_costs, draft, config.tp, 1, config.compute_dtype, weight_dtype,
+                                config.cache_dtype, config.block_size)
+    return lambda replica: Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer,
+                                       request_rates=rates)
