@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from calibrate.fitting import fit_framework, load_cost_model
+from calibrate.fitting import load_cost_model
 from simulator.catalog import get_accelerator, load_hardware, load_model
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
@@ -142,34 +142,6 @@ def test_idle_wakeup_is_zero_without_measurements_and_interpolated_with_them() -
     assert model.predict_idle_wakeup(10.0).time_s == pytest.approx(1.2e-3)  # flat beyond the longest
 
 
-def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> None:
-    """Steps timed on a shared machine scatter (here lognormally, 30 %). Fitting relative errors
-    against the measured times would land below the typical step; summed step times (TPOT,
-    throughput) need the mean, for every batch size observed."""
-    import numpy as np
-
-    from simulator.cost.types import StepObservation
-
-    cm = CostModel.load("a100-80gb")
-    model = load_model("llama-3.1-8b")
-    rng = np.random.default_rng(0)
-    noise = 0.3
-    steps, true_times = [], {}
-    for batch in (1, 2, 4, 8, 16, 32):
-        chunks = [Chunk(1, 512)] * batch
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
-        true_times[batch] = ops + 40e-6 + 5e-6 * batch  # host work per step and per chunk
-        count = 400 if batch == 1 else 40  # light traffic: most steps decode one request
-        for factor in rng.lognormal(-noise ** 2 / 2, noise, count):  # mean 1
-            steps.append(StepObservation(chunks, model, "bf16", None, true_times[batch] * factor))
-    fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
-    for batch, true_s in true_times.items():
-        chunks = [Chunk(1, 512)] * batch
-        predicted = fitted.step_time(chunks, model, 1, "bf16").total_s - fitted.predict_step_overhead(batch).time_s
-        assert predicted == pytest.approx(true_s, rel=0.04), batch
-
-
 @pytest.mark.parametrize("hardware, model, tp, weight_dtype, profile", [
     ("h100-sxm", "llama-3.1-8b", 1, None, None),
     ("a100-80gb", "llama-3.1-70b", 4, None, None),
@@ -197,42 +169,3 @@ def test_the_step_timers_token_sum_is_the_recipes_to_the_bit(hardware, model, tp
         costs.add_ops(cost, recipe.token_ops, tokens)
         all_reduce = cost.by_operator.get("all_reduce", 0.0)
         assert timer.token_ops(tokens) == (cost.total_s - all_reduce, all_reduce), tokens
-
-
-def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
-    """Engine steps observed in order: a step whose token count differs from the one before
-    costs a part per halving and a part per doubling of it. The fit finds both; steps repeated
-    back to back (previous_tokens None or equal) fit as before, and no shape terms appear without
-    changes."""
-    import numpy as np
-
-    from simulator.cost.host import SHAPE_CHANGE_TERMS, shape_change_features
-    from simulator.cost.types import StepObservation
-
-    model = load_model("llama-3.1-8b")
-    cm = CostModel.load("a100-80gb")
-    per_halving_s, per_doubling_s = 100e-6, 250e-6
-    rng = np.random.default_rng(1)
-    sizes = [1, 2, 3, 4, 8, 16, 64, 256]
-    steps, previous = [], None
-    for _ in range(600):
-        tokens = int(rng.choice(sizes)) if rng.random() < 0.3 or previous is None else previous
-        chunks = [Chunk(1, 300)] * tokens if tokens <= 16 else [Chunk(tokens, tokens)]
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
-        halvings, doublings = shape_change_features(previous, tokens)
-        steps.append(StepObservation(chunks, model, "bf16", None,
-                                     ops + 40e-6 + halvings * per_halving_s + doublings * per_doubling_s, previous))
-        previous = tokens
-    fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
-    assert fitted.framework["step_per_halving_s"] == pytest.approx(per_halving_s, rel=0.05)
-    assert fitted.framework["step_per_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
-    assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
-    assert fitted.predict_shape_change(2, 8).time_s == pytest.approx(2 * per_doubling_s, rel=0.05)
-    assert fitted.predict_shape_change(4, 4).time_s == 0.0 and fitted.predict_shape_change(None, 4).time_s == 0.0
-
-    repeated = [StepObservation(o.chunks, o.model, o.dtype, o.block_size, o.forward_s) for o in steps]
-    plain = CostModel.load("a100-80gb")
-    fit_framework(plain, Profile("a100-80gb", {}, {}, "test"), repeated)
-    assert not set(SHAPE_CHANGE_TERMS) & set(plain.framework)
-    assert plain.predict_shape_change(256, 1).time_s == 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.fitting import fit_framework, load_cost_model
+from calibrate.fitting import load_cost_model
 from simulator.catalog import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.recipe import StepRecipe
@@ -108,31 +108,3 @@ def test_a_step_reads_the_experts_it_touches() -> None:
     assert many - one == pytest.approx(6 * per_expert, rel=1e-6)  # 2 experts per layer -> all 8
     dense = StepTimer(CostModel.load("h100-sxm"), load_model("llama-3.1-8b"))
     assert dense.weight_bytes(1) == dense.weight_bytes(4096)
-
-
-def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() -> None:
-    from simulator.cost.host import MOE_TERMS, moe_host_features
-    from simulator.cost.types import Chunk, StepObservation
-
-    cm = CostModel.load("a100-80gb")
-    mixtral, dense = load_model("mixtral-8x7b"), load_model("llama-3.1-8b")
-
-    def observed(model, batch: int, host_s: float) -> StepObservation:
-        chunks = [Chunk(1, 512)] * batch
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
-        return StepObservation(chunks, model, "bf16", None, ops + host_s)
-
-    # Host work of 20 us per MoE layer and 5 us per expert touched in it, on top of the operators.
-    def host(model, batch):
-        layers, touched = moe_host_features(model, batch)
-        return 20e-6 * layers + 5e-6 * touched
-    steps = [observed(mixtral, b, host(mixtral, b)) for b in range(1, 65, 2)]
-    fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
-    assert set(MOE_TERMS) <= set(fitted.framework)
-    for o in steps:
-        predicted = fitted.step_time(o.chunks, mixtral, 1, "bf16").total_s - fitted.predict_step_overhead(len(o.chunks)).time_s
-        assert predicted == pytest.approx(o.forward_s, rel=0.02)
-    dense_fit = CostModel.load("a100-80gb")
-    fit_framework(dense_fit, Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
-    assert not set(MOE_TERMS) & set(dense_fit.framework)
