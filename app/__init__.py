@@ -1,1 +1,1 @@
-"""servecast faces: the Typer CLI (app.cli) and, later, the Streamlit dashboard."""
+"""servecast faces: the Typer CLI (app/cli.py assembles the commands of app/*_command.py) and the Streamlit dashboard (app/dashboard/)."""

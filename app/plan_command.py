@@ -9,11 +9,9 @@ from typing import Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from app.simulate_command import jsonable, validation_message
+from app.common import fail, jsonable, progress_bar, validation_message, wide_console
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_SLO = "ttft_p99=2s,tpot_p99=100ms"
@@ -87,13 +85,13 @@ def plan_command(
     out: Optional[Path] = typer.Option(None, help="write plan.json, candidates.csv and report.html here"),
 ) -> None:
     """Find the cheapest fleet that meets the SLOs: the fewest replicas of every candidate deployment."""
-    from app.cli import console, fail
     from simulator.catalog.hardware import get_accelerator
     from simulator.plan.executors import run_plan
-    from simulator.plan.capacity import Candidate, PlanSpec
+    from simulator.plan.capacity import PlanSpec
     from simulator.fleet.sim_config import parse_slos
+    from simulator.plan.grid import candidate_grid
     from simulator.plan.study import Study
-    from simulator.workload.synthetic import load_workload
+    from simulator.workload.load import load_workload
 
     try:
         slos = parse_slos(slo)
@@ -106,11 +104,8 @@ def plan_command(
         placements = parse_list(expert_parallel, str, "--expert-parallel")
         if any(x not in ("off", "on") for x in placements):
             raise ValueError(f"--expert-parallel takes off, on or off,on, got {expert_parallel!r}")
-        # Expert parallelism only differs from TP over more than one rank.
-        candidates = [Candidate(h, q, t, p, **o, expert_parallel=e == "on") for h in hardware_ids
-                      for q in parse_list(quant, str, "--quant") for t in parse_list(tp, int, "--tp")
-                      for p in parse_list(pp, int, "--pp") for o in options for e in placements
-                      if e == "off" or t > 1]
+        candidates = candidate_grid(hardware_ids, parse_list(quant, str, "--quant"), parse_list(tp, int, "--tp"),
+                                    parse_list(pp, int, "--pp"), options, [e == "on" for e in placements])
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
@@ -125,8 +120,7 @@ def plan_command(
         if executor not in ("local", "ray"):
             raise ValueError(f"--executor {executor!r} is not supported; use local or ray")
         store = Study(study) if study is not None else None
-        with Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=console, transient=as_json) as progress:
+        with progress_bar("planning", transient=as_json, remaining=True) as progress:
             task = progress.add_task("plan", total=len(candidates) * len(factors))
             result = run_plan(spec, candidates, factors, workers, store,
                               progress=lambda done, total: progress.update(task, completed=done),
@@ -154,7 +148,7 @@ def plan_command(
 
 
 def print_plan(result, factors: list[float]) -> None:
-    out = Console(width=max(Console().width, 110))
+    out = wide_console(110)
     for g in factors:
         rows = sorted(result.at(g), key=lambda r: (not r.feasible, r.usd_per_hour or float("inf")))
         table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -11,23 +10,15 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-
-def validation_message(exc: ValidationError) -> str:
-    """A pydantic error as one line naming the field(s) and what is wrong."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"--{field.replace('_', '-')}: {err['msg']}" if err["loc"] else err["msg"])
-    return "; ".join(parts)
+from app.common import console, dumps, fail, progress_bar, validation_message, wide_console
 
 
-def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console: Console, workers: int = 1):
+def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1):
     from simulator.cost.model import CostModel
     from simulator.fleet.run import simulate
-    from simulator.workload.synthetic import load_workload
+    from simulator.workload.load import load_workload
 
     # Everything that can fail on bad input fails here, before the progress bar.
     config.check()
@@ -37,8 +28,7 @@ def run_simulation(config, trace: str, rate_scale: float, as_json: bool, console
         console.print(f"skipped bad row {line}")
     if len(workload.skipped) > 5:
         console.print(f"... {len(workload.skipped) - 5} more bad rows skipped")
-    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, transient=as_json) as progress:
+    with progress_bar("simulating", transient=as_json, remaining=True) as progress:
         task = progress.add_task("simulate", total=len(workload))
         return simulate(config, workload, cost_model,
                         progress=lambda done, total: progress.update(task, completed=done), workers=workers)
@@ -54,25 +44,8 @@ def write_outputs(out: Path, result) -> None:
     simulation_report(out / "report.html", result)
 
 
-def jsonable(value):
-    """Summary values as valid JSON: NaN / inf become null, numpy scalars plain numbers."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def dumps(summary: dict) -> str:
-    return json.dumps(jsonable(summary), indent=2, allow_nan=False)
-
-
 def print_summary(summary: dict) -> None:
-    out = Console(width=max(Console().width, 100))
+    out = wide_console(100)
     ms = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f}"  # noqa: E731
     table = Table(title=f"{summary['model']} on {summary['replicas']} x {summary['hardware']} "
                         f"(tp={summary['tp']}, pp={summary['pp']}, {summary['quant']}, {summary['scheduler']} batching)")
@@ -144,7 +117,6 @@ def simulate_command(
     out: Optional[Path] = typer.Option(None, help="write summary.json, requests.parquet, timeseries.parquet, report.html"),
 ) -> None:
     """Simulate a serving fleet on a trace: latencies, throughput, SLOs, utilization and cost."""
-    from app.cli import console, fail
     from simulator.fleet.sim_config import SimConfig
 
     try:
@@ -162,7 +134,7 @@ def simulate_command(
                            expert_parallel=expert_parallel, routing_skew=routing_skew)
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
-        result = run_simulation(config, trace, rate_scale, as_json, console, workers)
+        result = run_simulation(config, trace, rate_scale, as_json, workers)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:

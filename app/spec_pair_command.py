@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.common import fail
+
 DEFAULT_PAIR = Path.home() / ".cache" / "servecast" / "spec-pair"
 
 
@@ -37,7 +39,6 @@ def train_pair_command(
 ) -> None:
     """Train a small byte-level target and a smaller draft on Python source (offline), then
     measure the draft's acceptance on held-out files. Reused once saved."""
-    from app.cli import fail
     from calibrate.spec_pair import PairSpec, measure_acceptance, train_pair
 
     try:
@@ -76,7 +77,6 @@ def acceptance_command(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Measure the pair's draft acceptance per position on held-out text."""
-    from app.cli import fail
     from calibrate.spec_pair import measure_acceptance
 
     try:

@@ -7,8 +7,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from app.common import dumps, fail, progress_bar, wide_console
 
 
 def validation_report(path: Path, results, info: dict, table) -> None:
@@ -79,9 +80,7 @@ def validate_command(
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
 ) -> None:
     """Replay one workload through the real engine and the simulator at three loads; print the errors."""
-    from app.cli import console, fail
     from app.demo import DEMO_MODEL
-    from app.simulate_command import dumps
     from calibrate.validate import ValidationSetup, error_table, run_validation
 
     try:
@@ -96,8 +95,7 @@ def validate_command(
         setup.check()  # bad settings fail here, before any profiling
         # Redrawn only from the callbacks, which come between replays: a refresh thread drawing
         # during a replay would take CPU time that lands in the engine's measured latencies.
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=as_json, auto_refresh=False) as progress:
+        with progress_bar("{task.description}", transient=as_json, auto_refresh=False) as progress:
             tasks: dict[str, int] = {}
             measurements = len(setup.levels) * setup.repeats
 
@@ -149,7 +147,7 @@ def validate_command(
                       if len(r.repeats) > 1 else "")
             cells.append(f"[{'green' if ok else 'red'}]{e:+.1%}[/]{spread}")
         show.add_row(metric, *cells, f"±{table[table.metric == metric].iloc[0]['target']:.0%}")
-    Console(width=max(Console().width, 110)).print(show)
+    wide_console(110).print(show)
     Console().print(_verdict(table))
     Console().print("step time, predicted / measured over the engine's own steps (and over the calibration "
                     "steps just before and after, which the fit saw): " + "; ".join(

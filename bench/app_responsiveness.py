@@ -44,7 +44,7 @@ def main() -> None:
     # The same question on shorter prompts: the simulator's cost follows the KV blocks it manages.
     conv = args.shared / "traces" / "splitwise_conv.csv"
     if conv.is_file():
-        from simulator.workload.synthetic import load_workload
+        from simulator.workload.load import load_workload
 
         started = time.perf_counter()
         workload = load_workload(f"{conv},limit={args.requests}")

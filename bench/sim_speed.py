@@ -22,7 +22,7 @@ from pathlib import Path
 
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 
 VIDUR_REQUESTS_PER_S = 5000 / 19.0
 SYNTHETIC = "synthetic:num={num},input=uniform(50,500),output=uniform(10,100),rate=400"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.common import dumps
 from app.dashboard.widgets import fleet_input, simulate_fleet, trace_input
-from app.simulate_command import dumps
 from app.html_report import latency_cdfs, time_split_figure, timeseries_figure, ttft_vs_prompt
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import BUNDLED_LENGTHS, Workload, WorkloadError
 
 MAX_UPLOAD_BYTES = 20 * 2**20

@@ -12,7 +12,8 @@ from app.html_report import pareto_figure
 from app.plan_command import priced_gpus
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
-from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.capacity import CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.grid import candidate_grid
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -20,8 +21,7 @@ def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: t
                 workers: int) -> list[dict]:
     """Rows of a plan; a repeated question (same inputs) is answered from the cache at once."""
     spec = PlanSpec(model, _workload, dict(slo))
-    result = run_plan(spec, [Candidate(h, q, t, expert_parallel=e) for h, q, t, e in candidates], growth,
-                      workers=workers)
+    result = run_plan(spec, list(candidates), growth, workers=workers)
     return [r.row() for r in result.results]
 
 
@@ -55,7 +55,7 @@ def main() -> None:
             return
         moe = load_model(model).is_moe
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
-        candidates = tuple((h, q, t, e) for h in hardware for q in quant for t in tp for e in modes if t > 1 or not e)
+        candidates = tuple(candidate_grid(hardware, quant, tp, expert_parallel=modes))
         if not candidates:
             st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
             return

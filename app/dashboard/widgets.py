@@ -70,7 +70,7 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     configuration cannot run. Callers only read the result: it is shared with later askers."""
     from pydantic import ValidationError
 
-    from app.simulate_command import validation_message
+    from app.common import validation_message
     from simulator.fleet.run import simulate
     from simulator.fleet.sim_config import SimConfig
 

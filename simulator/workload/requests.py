@@ -2,8 +2,8 @@
 prompt segments it shares with other requests. No torch.
 
 A workload is an ordered list of `Request`s. Trace files are read by simulator/workload/trace_files.py,
-synthetic workloads are made by simulator/workload/synthetic.py; `load_workload` takes either form of the
-CLI's `--trace` argument.
+synthetic workloads are made by simulator/workload/synthetic.py; `load_workload`
+(simulator/workload/load.py) takes either form of the CLI's `--trace` argument.
 
 Prompt identity. The simulator runs the engine's block manager, which finds shared prefixes by
 the prompt's token ids. A request's prompt is therefore made of *segments* (Mooncake's 512-token

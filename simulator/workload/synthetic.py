@@ -1,36 +1,15 @@
-"""Synthetic workloads and the `--trace` spec. No torch.
-
-    synthetic:num=3000,input=128,output=2048,rate=inf
-    synthetic:num=2000,lengths=../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=4,arrival=gamma,cv=3
-    synthetic:prefixes=8,prefix_len=1024,users=50,input=1500,output=200,rate=10
-    ../shared/traces/splitwise_conv.csv,window=0-600,limit=2000
-    ../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=5,num=1000
-
-Keys (comma separated; arguments of a length distribution in parentheses):
-
-* num        number of requests (synthetic default 1000; a length-only file: as many as drawn)
-* input, output  lengths: `128` (fixed), `uniform(64,512)`, `lognormal(512,0.8)` (median, sigma of log)
-* lengths    a length CSV whose (prompt, output) pairs are drawn jointly, with replacement
-* rate       requests per second; `inf` = all at time 0
-* arrival    poisson (default), gamma (with cv, the burstiness: coefficient of variation of the
-             gaps), constant
-* prefixes, prefix_len, users   shared-prefix workload: `prefixes` system prompts of prefix_len
-             tokens; each request is one of prefixes x users (system prompt + its own input tokens);
-             num defaults to prefixes x users
-* seed       random seed (default: the simulation's)
-* window     START-END seconds of a timed trace;  limit: keep the first N requests
-* rate_scale compress arrivals in time (2 = twice the rate);  skip_bad=1  skip (and list) bad rows
+"""Synthetic workloads: length distributions, arrival processes, shared-prefix traffic, and the
+parsing of spec options (key=value lists) that simulator/workload/load.py reads `--trace` specs with.
+No torch. The spec's forms and keys are listed in simulator/workload/load.py.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from simulator.workload.trace_files import read_trace
 from simulator.workload.requests import Workload, WorkloadError, load_length_pairs, make_workload
 
 ARRIVALS = ("poisson", "gamma", "constant")
@@ -97,7 +76,7 @@ def parse_options(items: list[str], where: str) -> dict[str, str]:
     return options
 
 
-class _Options:
+class SpecOptions:
     """Typed access to spec options; every key must be used (unknown keys are an error)."""
 
     def __init__(self, options: dict[str, str], where: str) -> None:
@@ -148,14 +127,14 @@ def arrival_times(num: int, rate: float, process: str, cv: float, rng: np.random
     return np.cumsum(gaps)
 
 
-def _arrivals(opts: _Options, num: int, rng: np.random.Generator, default_rate: float | None) -> np.ndarray:
+def spec_arrivals(opts: SpecOptions, num: int, rng: np.random.Generator, default_rate: float | None) -> np.ndarray:
     rate = opts.number("rate", default_rate)
     if rate is None:
         raise WorkloadError(f"{opts.where}: lengths only, no arrival times: add rate=REQUESTS_PER_S (or rate=inf)")
     return arrival_times(num, rate, opts.get("arrival", "poisson"), opts.number("cv", 1.0), rng)
 
 
-def synthetic_workload(opts: _Options, seed: int) -> Workload:
+def synthetic_workload(opts: SpecOptions, seed: int) -> Workload:
     rng = np.random.default_rng(int(opts.number("seed", seed)))
     prefixes = opts.number("prefixes", integer=True)
     users = opts.number("users", integer=True)
@@ -174,7 +153,7 @@ def synthetic_workload(opts: _Options, seed: int) -> Workload:
     else:
         prompt = LengthDistribution.parse(opts.get("input", "512"), "input").sample(rng, num)
         output = LengthDistribution.parse(opts.get("output", "128"), "output").sample(rng, num)
-    arrivals = _arrivals(opts, num, rng, math.inf)
+    arrivals = spec_arrivals(opts, num, rng, math.inf)
     segments: list[tuple[int, ...]] = [()] * num
     if prefixes:
         # Request i belongs to user (i mod users) of system prompt ((i div users) mod prefixes), in a
@@ -184,53 +163,3 @@ def synthetic_workload(opts: _Options, seed: int) -> Workload:
         prompt = prompt + prefix_len  # the system prompt comes before the request's own input
     rows = [(float(a), int(p), int(o), s) for a, p, o, s in zip(arrivals, prompt, output, segments)]
     return make_workload(opts.where, rows, prefix_len or 0)
-
-
-KNOWN_SYNTHETIC = "num, input, output, lengths, rate, arrival, cv, prefixes, prefix_len, users, seed, window, limit, rate_scale"
-KNOWN_FILE = "rate, arrival, cv, num, seed, window, limit, rate_scale, skip_bad"
-
-
-def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> Workload:
-    """A workload from a `--trace` spec (see the module docstring)."""
-    text = str(spec).strip()
-    if not text:
-        raise WorkloadError("empty trace spec: give a trace file or synthetic:num=...,input=...,output=...,rate=...")
-    if text.startswith(SYNTHETIC):
-        opts = _Options(parse_options(split_spec(text[len(SYNTHETIC):]), "synthetic"), "synthetic")
-        workload = synthetic_workload(opts, seed)
-        workload.name = text
-        known = KNOWN_SYNTHETIC
-    else:
-        path, *items = split_spec(text)
-        opts = _Options(parse_options(items, Path(path).name), Path(path).name)
-        skip_bad = opts.get("skip_bad", "0") not in ("0", "false", "no")
-        workload, lengths = read_trace(path, skip_bad)
-        known = KNOWN_FILE
-        if lengths is not None:
-            pairs = lengths.pairs
-            rng = np.random.default_rng(int(opts.number("seed", seed)))
-            num = opts.number("num", len(pairs), integer=True)
-            picks = rng.integers(0, len(pairs), size=num) if num != len(pairs) else np.arange(num)
-            arrivals = _arrivals(opts, num, rng, None)
-            workload = make_workload(Path(path).stem, [(float(a), *pairs[i], ()) for a, i in zip(arrivals, picks)])
-            workload.skipped = lengths.skipped
-        else:
-            for key in ("rate", "arrival", "cv", "num", "seed"):
-                if opts.get(key) is not None:
-                    raise WorkloadError(f"{Path(path).name} has its own arrival times: {key}= applies only to "
-                                        "length-only files; use rate_scale= or window= / limit=")
-    window = opts.get("window")
-    if window is not None:
-        start, sep, end = window.partition("-")
-        try:
-            workload = workload.window(float(start), float(end))
-        except ValueError as exc:
-            if isinstance(exc, WorkloadError):
-                raise
-            raise WorkloadError(f"window={window!r}: use START-END in seconds, e.g. window=0-600") from None
-    limit = opts.number("limit", integer=True)
-    if limit is not None:
-        workload = workload.limited(limit)
-    workload = workload.scaled(opts.number("rate_scale", 1.0) * rate_scale)
-    opts.check_all_used(known)
-    return workload

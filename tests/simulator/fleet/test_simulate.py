@@ -10,8 +10,9 @@ import pytest
 
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import arrival_times, load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import make_workload
+from simulator.workload.synthetic import arrival_times
 from tests.simulator.helpers import FixedStepTimer, workload
 
 SMALL = dict(model="llama-3.1-8b", hardware="h100-sxm")

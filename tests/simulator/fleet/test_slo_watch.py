@@ -11,7 +11,7 @@ from simulator.fleet.run import simulate
 from simulator.plan.capacity import meets
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.slo_watch import SloWatch
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import BUNDLED_LENGTHS
 
 

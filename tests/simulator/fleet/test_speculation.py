@@ -10,7 +10,7 @@ import pytest
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.speculation import acceptance_profile, request_rates
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 
 LIGHT = "synthetic:num=24,input=200,output=128,rate=0.5"
 FULL = "synthetic:num=48,input=200,output=128,rate=inf"

@@ -10,7 +10,7 @@ import pytest
 from simulator.plan.executors import run_plan
 from simulator.plan.capacity import Candidate, PlanSpec, meets, pareto_front, plan_candidate, run_summary
 from simulator.plan.study import Study
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import BUNDLED_LENGTHS
 
 TRACE = f"synthetic:num=120,lengths={BUNDLED_LENGTHS},rate=6"

@@ -11,7 +11,7 @@ from simulator.workload.block_keys import BlockKeys
 from simulator.fleet.replica import SAMPLED_TOKEN
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import Request, make_workload
 from tests.simulator.helpers import assert_same_simulation
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.workload.synthetic import load_workload
+from simulator.workload.load import load_workload
 from simulator.workload.requests import SEGMENT_BASE, WorkloadError
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "traces"

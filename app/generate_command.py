@@ -1,0 +1,127 @@
+"""`servecast generate`: serve a workload through the real engine and print per-request timings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from app.common import fail, progress_bar, wide_console
+
+
+def parse_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        fail(f"--rate must be a number of requests/s or 'inf', got {text!r}")
+    if math.isnan(rate) or rate <= 0:
+        fail(f"--rate must be positive (requests/s) or 'inf', got {text!r}")
+    return rate
+
+
+def generate_command(
+    model: Optional[Path] = typer.Option(None, help="HF config.json (random weights) or a local model directory "
+                                                    "with safetensors; default: a small bundled Llama config"),
+    num_requests: int = typer.Option(32, help="requests to serve"),
+    rate: str = typer.Option("8", help="Poisson arrival rate in requests/s, or 'inf' for all at once"),
+    lengths: Optional[Path] = typer.Option(None, help="CSV of prompt_tokens,output_tokens (default: bundled ShareGPT sample)"),
+    length_scale: float = typer.Option(1 / 8, help="multiply trace lengths by this (fit a CPU / small model)"),
+    max_total_tokens: int = typer.Option(512, help="cap prompt+output per request"),
+    block_size: int = typer.Option(16),
+    num_blocks: Optional[int] = typer.Option(None, help="KV pool size in blocks (default: a byte budget)"),
+    max_num_seqs: int = typer.Option(64),
+    max_num_batched_tokens: int = typer.Option(512),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
+    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("float32"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each; gloo on CPU, NCCL on GPUs)"),
+    quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
+    quant_group_size: int = typer.Option(128, help="int4 group size (32, 64, 128 or 256)"),
+    kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
+    out: Optional[Path] = typer.Option(None, help="write summary.json and requests.csv here"),
+) -> None:
+    """Serve a workload through the real engine and print per-request timings (the bundled default job)."""
+    from app.demo import DEMO_MODEL, DemoWorkload, demo_requests
+    from app.report import request_rows, summarize
+    from engine import EngineConfig, LLMEngine
+    from engine.replay import replay
+    from simulator.workload.requests import BUNDLED_LENGTHS
+
+    rate_per_s = parse_rate(rate)
+    try:
+        workload = DemoWorkload(num_requests, rate_per_s, length_scale, max_total_tokens, seed)
+        config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
+                              enable_chunked_prefill=chunked_prefill, device=device, dtype=dtype, seed=seed,
+                              max_model_len=max_total_tokens if model is None else None, tensor_parallel_size=tp,
+                              quantization=quantization, quant_group_size=quant_group_size,
+                              kv_cache_dtype=kv_cache_dtype)
+        if model is None:
+            engine = LLMEngine.from_config(DEMO_MODEL, config, seed=seed)
+        elif model.is_dir() and any(model.glob("*.safetensors")):
+            engine = LLMEngine.from_hf(model, config)
+        else:
+            engine = LLMEngine.from_config(model, config, seed=seed)
+        requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
+        with progress_bar("serving", transient=as_json) as progress:
+            task = progress.add_task("serve", total=len(requests))
+            outputs = replay(engine, requests, on_finish=lambda _: progress.advance(task))
+        engine.close()
+    except ValueError as exc:
+        fail(str(exc))
+
+    rows = request_rows(outputs)
+    summary = summarize(outputs)
+    summary["engine"] = {"model": str(model or "bundled demo llama (random weights)"),
+                         "parameters": engine.model_config.num_parameters(), "device": device, "dtype": dtype,
+                         "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
+                         "steps": engine.num_steps, "tensor_parallel_size": tp, "quantization": quantization,
+                         "kv_cache_dtype": kv_cache_dtype}
+    load = engine.expert_load()
+    if load:  # a mixture-of-experts model: how its router spread the rows, and the simulator's knob for it
+        from simulator.cost.moe import fit_routing_skew
+
+        per_expert = [sum(layer[e] for layer in load) for e in range(len(load[0]))]
+        summary["engine"]["expert_rows"] = per_expert
+        summary["engine"]["routing_skew"] = round(fit_routing_skew(per_expert), 3)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        with (out / "requests.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    print_report(rows, summary)
+
+
+def print_report(rows: list[dict], summary: dict) -> None:
+    stdout = wide_console(110)
+    table = Table(title="Per-request timings")
+    for column in ("request", "arrival s", "prompt tok", "output tok", "queue ms", "TTFT ms", "TPOT ms",
+                   "E2E s", "preempted", "cached tok"):
+        table.add_column(column, justify="right")
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
+    for r in rows:
+        table.add_row(r["request_id"], f"{r['arrival_s']:.3f}", str(r["prompt_tokens"]), str(r["output_tokens"]),
+                      ms(r["queue_s"]), ms(r["ttft_s"]), ms(r["tpot_s"]), f"{r['e2e_s']:.3f}",
+                      str(r["preemptions"]), str(r["cached_prompt_tokens"]))
+    stdout.print(table)
+    t, e = summary["throughput"], summary["engine"]
+    stdout.print(
+        f"{summary['num_requests']} requests in {summary['duration_s']:.2f} s on {e['device']} "
+        f"({e['steps']} engine steps, {e['parameters'] / 1e6:.1f}M-parameter model): "
+        f"{t['output_tokens_per_s']:.1f} output tok/s, {t['total_tokens_per_s']:.1f} total tok/s\n"
+        f"TTFT p50 {ms(summary['ttft_s']['p50'])} ms, p99 {ms(summary['ttft_s']['p99'])} ms | "
+        f"TPOT p50 {ms(summary['tpot_s']['p50'])} ms, p99 {ms(summary['tpot_s']['p99'])} ms | "
+        f"preemptions {summary['preemptions']} | prefix-cache hits {summary['cached_prompt_tokens']} tokens")

@@ -1,0 +1,86 @@
+"""The `--trace` spec: a trace file or a synthetic workload, with options. No torch.
+
+load_workload dispatches between trace files (simulator/workload/trace_files.py) and synthetic
+specs (simulator/workload/synthetic.py), then applies the options common to both.
+
+    synthetic:num=3000,input=128,output=2048,rate=inf
+    synthetic:num=2000,lengths=../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=4,arrival=gamma,cv=3
+    synthetic:prefixes=8,prefix_len=1024,users=50,input=1500,output=200,rate=10
+    ../shared/traces/splitwise_conv.csv,window=0-600,limit=2000
+    ../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=5,num=1000
+
+Keys (comma separated; arguments of a length distribution in parentheses):
+
+* num        number of requests (synthetic default 1000; a length-only file: as many as drawn)
+* input, output  lengths: `128` (fixed), `uniform(64,512)`, `lognormal(512,0.8)` (median, sigma of log)
+* lengths    a length CSV whose (prompt, output) pairs are drawn jointly, with replacement
+* rate       requests per second; `inf` = all at time 0
+* arrival    poisson (default), gamma (with cv, the burstiness: coefficient of variation of the
+             gaps), constant
+* prefixes, prefix_len, users   shared-prefix workload: `prefixes` system prompts of prefix_len
+             tokens; each request is one of prefixes x users (system prompt + its own input tokens);
+             num defaults to prefixes x users
+* seed       random seed (default: the simulation's)
+* window     START-END seconds of a timed trace;  limit: keep the first N requests
+* rate_scale compress arrivals in time (2 = twice the rate);  skip_bad=1  skip (and list) bad rows
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from simulator.workload.requests import Workload, WorkloadError, make_workload
+from simulator.workload.synthetic import (SYNTHETIC, SpecOptions, parse_options, spec_arrivals, split_spec,
+                                          synthetic_workload)
+from simulator.workload.trace_files import read_trace
+
+KNOWN_SYNTHETIC = "num, input, output, lengths, rate, arrival, cv, prefixes, prefix_len, users, seed, window, limit, rate_scale"
+KNOWN_FILE = "rate, arrival, cv, num, seed, window, limit, rate_scale, skip_bad"
+
+
+def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> Workload:
+    """A workload from a `--trace` spec (see the module docstring)."""
+    text = str(spec).strip()
+    if not text:
+        raise WorkloadError("empty trace spec: give a trace file or synthetic:num=...,input=...,output=...,rate=...")
+    if text.startswith(SYNTHETIC):
+        opts = SpecOptions(parse_options(split_spec(text[len(SYNTHETIC):]), "synthetic"), "synthetic")
+        workload = synthetic_workload(opts, seed)
+        workload.name = text
+        known = KNOWN_SYNTHETIC
+    else:
+        path, *items = split_spec(text)
+        opts = SpecOptions(parse_options(items, Path(path).name), Path(path).name)
+        skip_bad = opts.get("skip_bad", "0") not in ("0", "false", "no")
+        workload, lengths = read_trace(path, skip_bad)
+        known = KNOWN_FILE
+        if lengths is not None:
+            pairs = lengths.pairs
+            rng = np.random.default_rng(int(opts.number("seed", seed)))
+            num = opts.number("num", len(pairs), integer=True)
+            picks = rng.integers(0, len(pairs), size=num) if num != len(pairs) else np.arange(num)
+            arrivals = spec_arrivals(opts, num, rng, None)
+            workload = make_workload(Path(path).stem, [(float(a), *pairs[i], ()) for a, i in zip(arrivals, picks)])
+            workload.skipped = lengths.skipped
+        else:
+            for key in ("rate", "arrival", "cv", "num", "seed"):
+                if opts.get(key) is not None:
+                    raise WorkloadError(f"{Path(path).name} has its own arrival times: {key}= applies only to "
+                                        "length-only files; use rate_scale= or window= / limit=")
+    window = opts.get("window")
+    if window is not None:
+        start, sep, end = window.partition("-")
+        try:
+            workload = workload.window(float(start), float(end))
+        except ValueError as exc:
+            if isinstance(exc, WorkloadError):
+                raise
+            raise WorkloadError(f"window={window!r}: use START-END in seconds, e.g. window=0-600") from None
+    limit = opts.number("limit", integer=True)
+    if limit is not None:
+        workload = workload.limited(limit)
+    workload = workload.scaled(opts.number("rate_scale", 1.0) * rate_scale)
+    opts.check_all_used(known)
+    return workload
