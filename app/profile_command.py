@@ -47,7 +47,8 @@ def profile_command(
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
     from dataclasses import replace
 
-    from calibrate.profiler import Profiler, ProfileGrid
+    from calibrate.profile_plan import ProfileGrid
+    from calibrate.profiler import Profiler
     from engine.engine import resolve_device
     from simulator.catalog.hardware import get_accelerator
     from engine.config import DTYPE_BYTES, check_quantization

@@ -81,7 +81,9 @@ def validate_command(
 ) -> None:
     """Replay one workload through the real engine and the simulator at three loads; print the errors."""
     from app.demo import DEMO_MODEL
-    from calibrate.validate import ValidationSetup, error_table, run_validation
+    from calibrate.validate import run_validation
+    from calibrate.validation_results import error_table
+    from calibrate.validation_setup import ValidationSetup
 
     try:
         if num_requests < 2:

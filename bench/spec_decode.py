@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
-from calibrate.profiler import Profiler, ProfileGrid
+from calibrate.profile_plan import ProfileGrid
+from calibrate.profiler import Profiler
 from calibrate.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import ModelConfig

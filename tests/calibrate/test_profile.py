@@ -6,7 +6,8 @@ from calibrate.fitting import fit_framework, load_cost_model
 
 import pytest
 
-from calibrate.profiler import Profiler, ProfileGrid
+from calibrate.profile_plan import ProfileGrid
+from calibrate.profiler import Profiler
 from engine.config import ModelConfig
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
@@ -148,7 +149,8 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     weight-only quantized GEMMs of those shapes."""
     from dataclasses import replace
 
-    from calibrate.profiler import Profiler, ProfileGrid
+    from calibrate.profile_plan import ProfileGrid
+    from calibrate.profiler import Profiler
     from engine.config import ModelConfig
     from simulator.cost.model import CostModel
 
@@ -256,8 +258,9 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
 
 def test_each_sample_can_time_calls_back_to_back(monkeypatch) -> None:
     """On CUDA a sample is several queued calls and one sync; the time is per call."""
-    import calibrate.profiler as profile_module
-    from calibrate.profiler import ProfileGrid, median_time
+    import calibrate.operator_timing as profile_module
+    from calibrate.operator_timing import median_time
+    from calibrate.profile_plan import ProfileGrid
 
     clock, syncs = [0.0], []
     monkeypatch.setattr(profile_module.time, "perf_counter", lambda: clock[0])

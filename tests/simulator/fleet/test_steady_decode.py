@@ -42,7 +42,8 @@ def _profiled_config(folder) -> SimConfig:
     """A tiny model profiled on this CPU as cpu-local, whose decodes pad in groups as the engine's do."""
     import json
 
-    from calibrate.profiler import Profiler, ProfileGrid
+    from calibrate.profile_plan import ProfileGrid
+    from calibrate.profiler import Profiler
     from engine.config import ModelConfig
 
     model = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
