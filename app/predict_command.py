@@ -29,7 +29,8 @@ def predict_command(
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
     from simulator.catalog.models import load_model
-    from simulator.cost.model import Chunk, CostModel
+    from calibrate.fitting import load_cost_model
+    from simulator.cost.types import Chunk
 
     try:
         spec = load_model(model)
@@ -41,7 +42,7 @@ def predict_command(
             spec.check_expert_parallel(tp)
         if routing_skew < 0:
             raise ValueError("--routing-skew must be >= 0 (0: uniform)")
-        cost_model = CostModel.load(hardware, profile=profile_path, hardware_file=hardware_file)
+        cost_model = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
         step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel,
                                     routing_skew=routing_skew)

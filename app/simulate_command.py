@@ -16,13 +16,13 @@ from app.common import console, dumps, fail, progress_bar, validation_message, w
 
 
 def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1):
-    from simulator.cost.model import CostModel
+    from calibrate.fitting import cost_models_for
     from simulator.fleet.run import simulate
     from simulator.workload.load import load_workload
 
     # Everything that can fail on bad input fails here, before the progress bar.
     config.check()
-    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    cost_model, draft_cost_model = cost_models_for(config)
     workload = load_workload(trace, seed=config.seed, rate_scale=rate_scale)
     for line in workload.skipped[:5]:
         console.print(f"skipped bad row {line}")
@@ -30,7 +30,7 @@ def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers
         console.print(f"... {len(workload.skipped) - 5} more bad rows skipped")
     with progress_bar("simulating", transient=as_json, remaining=True) as progress:
         task = progress.add_task("simulate", total=len(workload))
-        return simulate(config, workload, cost_model,
+        return simulate(config, workload, cost_model, draft_cost_model=draft_cost_model,
                         progress=lambda done, total: progress.update(task, completed=done), workers=workers)
 
 

@@ -143,3 +143,12 @@ def fit_framework(model: CostModel, profile: Profile, steps: Sequence[StepObserv
         coefficients, _ = nnls(a * weights[:, None], b * weights)
     model.framework = dict(zip(terms, (float(c) for c in coefficients)))
     return model.framework
+
+
+def cost_models_for(config) -> tuple[CostModel, CostModel | None]:
+    """A SimConfig's cost model and its speculative draft's (None: the target's serves it),
+    fitted on their profiles where the config names them."""
+    target = load_cost_model(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    draft = load_cost_model(config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file) \
+        if config.draft_profile is not None else None
+    return target, draft

@@ -11,7 +11,8 @@ import streamlit as st
 
 from simulator.catalog.hardware import load_hardware
 from simulator.catalog.models import catalog_model_ids, load_model
-from simulator.cost.model import Chunk, CostModel
+from calibrate.fitting import load_cost_model
+from simulator.cost.types import Chunk
 from simulator.cost.profile_format import Profile
 
 # This device's profiles (servecast profile writes under the cache), then the measured profiles
@@ -55,7 +56,7 @@ def provenance_section() -> None:
         spec = load_model(model)
         if spec.num_heads % tp:
             raise ValueError(f"TP {tp} does not divide the model's {spec.num_heads} attention heads")
-        cost_model = CostModel.load(hardware, profile=profile)
+        cost_model = load_cost_model(hardware, profile=profile)
         chunks = [Chunk(1, tokens)] * batch if batch else [Chunk(tokens, tokens)]
         dtype = cost_model.profile.fingerprint.get("dtype", "bf16") if cost_model.profile is not None else "bf16"
         step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype)

@@ -71,6 +71,7 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     from pydantic import ValidationError
 
     from app.common import validation_message
+    from calibrate.fitting import cost_models_for
     from simulator.fleet.run import simulate
     from simulator.fleet.sim_config import SimConfig
 
@@ -87,12 +88,18 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     if key in store:
         store.move_to_end(key)
         return store[key]
+    try:  # built only for a new question: a profiled device's fit takes seconds
+        cost_model, draft_cost_model = cost_models_for(config)
+    except ValueError as exc:
+        st.error(str(exc))
+        return None
     bar = st.progress(0.0, text=f"simulating {len(workload):,} requests")
 
     def progress(done: int, total: int) -> None:
         bar.progress(done / total, text=f"simulating: {done:,} of {total:,} requests finished")
     try:
-        result = simulate(config, workload, progress=progress, workers=os.cpu_count() or 1)
+        result = simulate(config, workload, cost_model, progress=progress, workers=os.cpu_count() or 1,
+                          draft_cost_model=draft_cost_model)
     finally:
         bar.empty()
     store[key] = result
