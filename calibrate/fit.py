@@ -210,7 +210,7 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
     """Refit the all-reduce latency terms (base, per hop) on Splitwise's measured A100 decode
     steps of Llama-2-70B at TP 2/4/8 (../shared/reference/perf_model.csv): a serving engine's
     collectives carry more fixed cost than a bare NCCL benchmark. H100 rows stay held out."""
-    from calibrate.heldout import splitwise_rows
+    from calibrate.splitwise import splitwise_rows
     from simulator.catalog.hardware import get_accelerator
     from simulator.catalog.models import load_model
     from simulator.cost.model import CostModel

@@ -136,7 +136,6 @@ def write_fitted_beside(path: Path) -> Path | None:
     simulator reads them instead of fitting; None where the device is not in the catalog (users'
     own hardware files: the CLI fits in memory then)."""
     from calibrate.fitting import fit_profile
-    from simulator.cost.fitted import FittedTerms
     from simulator.cost.model import CostModel
 
     try:
