@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test bench install
+.PHONY: run demo test bench bench-smoke install
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/linear_backends.py
 	$(VENV)/bin/python bench/engine_throughput.py
 	$(VENV)/bin/python bench/cost_model_heldout.py
+
+# Every bench/ script once in its --quick mode (tiny sizes; a few minutes in all): they still run.
+bench-smoke: $(STAMP)
+	$(VENV)/bin/pip install -q -e ".[bench]"
+	VENV=$(VENV) bash bench/smoke.sh

@@ -3,6 +3,7 @@ page asks it, in a warm process as the app's) and the full default `servecast pl
 process, as from the shell). Prints seconds; never passes or fails.
 
     python bench/app_responsiveness.py [--requests 10000] [--skip-plan]
+    python bench/app_responsiveness.py --quick    # a smoke run: 300 requests, the plan on one candidate
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--skip-plan", action="store_true")
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 300 requests, and the plan over one candidate (h100-sxm, bf16, TP 1)")
     args = parser.parse_args()
+    if args.quick:
+        args.requests = 300
+    plan_options = ["--hardware", "h100-sxm", "--quant", "bf16", "--tp", "1"] if args.quick else []
     config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm", replicas=8)
     # The app answers in a process that has served a question already (its modules imported, the
     # catalog and profiles read): warm this one the same way, on a small trace.
@@ -60,8 +66,11 @@ def main() -> None:
     if args.skip_plan:
         return
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "app.cli", "plan", "--json"], check=True, stdout=subprocess.DEVNULL)
-    print(f"full default plan (servecast plan): {time.perf_counter() - started:.1f} s")
+    subprocess.run([sys.executable, "-m", "app.cli", "plan", "--json", *plan_options], check=True,
+                   stdout=subprocess.DEVNULL)
+    what = f"plan over one candidate (servecast plan {' '.join(plan_options)})" if plan_options else \
+        "full default plan (servecast plan)"
+    print(f"{what}: {time.perf_counter() - started:.1f} s")
 
 
 def explore_page_answer(requests: int) -> None:

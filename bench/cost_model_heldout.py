@@ -8,6 +8,8 @@
    without any profile of those setups, against ../shared/reference/perf_model.csv.
 
     python bench/cost_model_heldout.py [--shared ../shared] [--keep DIR]
+    python bench/cost_model_heldout.py --quick     # a smoke run: part 1 on the phi-2 profiles only,
+                                                   # part 2 on the tests' small profile grid
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from calibrate.fit import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
 from calibrate.heldout import cpu_held_out, splitwise_check
+from calibrate.profile_plan import ProfileGrid
 from calibrate.profiler import Profiler, profile_side_by_side
 from engine.config import ModelConfig
 
@@ -30,16 +33,32 @@ MODEL_B = dict(model_type="llama", hidden_size=384, num_hidden_layers=4, num_att
                intermediate_size=1024, vocab_size=12000, max_position_embeddings=2048)
 
 
+def quick_vidur(shared: Path, model: str) -> Path:
+    """A stand-in for ../shared holding only one model's Vidur A100 and A40 profiles (links)."""
+    folder = Path(tempfile.mkdtemp())
+    for sku in ("a100", "a40"):
+        link = folder / "profiles" / "vidur" / "compute" / sku / model
+        link.parent.mkdir(parents=True)
+        link.symlink_to(shared / "profiles" / "vidur" / "compute" / sku / model)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the CPU profiles in this folder (profiles already there are reused)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: part 1 on one model's profiles (phi-2's), part 2's CPU profiles on the "
+                             "tests' small grid (seconds, not minutes)")
     args = parser.parse_args()
 
     print("1. GPU held-out: fit on Vidur A100 (fp16), predict the A40 (MAPE per operator)")
-    curves = fit_gpu_curves(args.shared)
-    held = gpu_held_out(curves, args.shared)
+    vidur = quick_vidur(args.shared, "microsoft/phi-2") if args.quick else args.shared
+    if args.quick:
+        print("   (--quick: the phi-2 profiles only)")
+    curves = fit_gpu_curves(vidur)
+    held = gpu_held_out(curves, vidur)
     for op in HELD_OUT_OPS:
         print(f"   {op:<14} {held[op]:6.1%}")
     print(f"   {'GEMMs (mean)':<14} {statistics.mean(held[op] for op in HELD_OUT_OPS):6.1%}   target <= 15%")
@@ -51,9 +70,10 @@ def main() -> None:
     folder = args.keep or Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
     models = {"A": MODEL_A, "B": MODEL_B}
-    paths = {name: folder / f"cpu-local-heldout-model-{name.lower()}.jsonl" for name in models}  # resumed if there
+    suffix, grid = ("-quick", ProfileGrid.quick()) if args.quick else ("", None)
+    paths = {name: folder / f"cpu-local-heldout-model-{name.lower()}{suffix}.jsonl" for name in models}  # resumed if there
     # Side by side (alternating operator groups): the machine's drifts hit both profiles alike.
-    done = profile_side_by_side([(Profiler(ModelConfig.from_hf(models[n])), paths[n]) for n in models])
+    done = profile_side_by_side([(Profiler(ModelConfig.from_hf(models[n]), grid=grid), paths[n]) for n in models])
     profiles = dict(zip(models, done))
     for name, config in models.items():
         print(f"   profiled model {name} (hidden {config['hidden_size']}, FFN {config['intermediate_size']}, "

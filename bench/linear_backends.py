@@ -2,10 +2,13 @@
 
 Prints the median time of each over interleaved repeats and the speed-up, for the GEMM shapes of
 the throughput benchmark's model (hidden 512, FFN 1408, vocab 16384) at decode and prefill sizes.
+
+    python bench/linear_backends.py [--repeats 21] [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -27,7 +30,7 @@ def median_time(fn, x, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def main(repeats: int = 21) -> None:
+def main(repeats: int = 21, rows: tuple[int, ...] = (1, 16, 64, 256, 1024)) -> None:
     print(f"{'layer':<8} {'tokens':>6} {'F.linear ms':>12} {'packed ms':>10} {'speed-up':>9}")
     for name, (k, n) in SHAPES.items():
         layer = Linear(k, n, bias=False)
@@ -35,7 +38,7 @@ def main(repeats: int = 21) -> None:
         if not layer.pack_for_cpu():
             print("this torch build has no oneDNN packed linear; nothing to compare")
             return
-        for m in (1, 16, 64, 256, 1024):
+        for m in rows:
             x = torch.randn(m, k)
             torch.testing.assert_close(layer(x), plain(x), rtol=1e-4, atol=1e-3)
             a = median_time(plain, x, repeats)
@@ -44,4 +47,11 @@ def main(repeats: int = 21) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 repeats, decode and one prefill size")
+    args = parser.parse_args()
+    if args.quick:
+        main(3, (1, 64))
+    else:
+        main(args.repeats)

@@ -19,7 +19,7 @@ the catalog has no GH200 entry (../shared has no spec sheet for it).
 
 Prints the error per row; never passes or fails.
 
-    python bench/mlperf_check.py [--shared ../shared] [--per-replica 1500]
+    python bench/mlperf_check.py [--shared ../shared] [--per-replica 1500] [--quick]
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     parser.add_argument("--per-replica", type=int, default=1500, help="samples per replica in the simulated run")
     parser.add_argument("--benchmark", choices=[*BENCHMARKS, "all"], default="all")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 100 samples per replica")
     args = parser.parse_args()
+    if args.quick:
+        args.per_replica = 100
     for benchmark in BENCHMARKS if args.benchmark == "all" else [args.benchmark]:
         check(args.shared, benchmark, args.per_replica)
 

@@ -12,6 +12,8 @@ computes them here.
 
     servecast train-pair            # once
     python bench/quant.py [--pair DIR] [--threads 1]
+    python bench/quant.py --quick     # a smoke run: a pair trained for seconds into a temporary folder
+                                      # (unless --pair names one), the tests' small profile grid
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def make(pair: Path, weights: dict, quantization: str | None, group: int, kv: st
     return LLMEngine(ModelConfig.from_hf(pair / "target"), config, weights)
 
 
-def tokens_per_s(engine: LLMEngine, prompts: list[list[int]]) -> float:
-    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+def tokens_per_s(engine: LLMEngine, prompts: list[list[int]], output: int = 64) -> float:
+    params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
     started = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -60,12 +62,12 @@ def tokens_per_s(engine: LLMEngine, prompts: list[list[int]]) -> float:
 
 
 def predicted_tokens_per_s(pair: Path, costs: CostModel, profile: Path, quantization: str | None,
-                           kv: str | None, batch: int) -> float:
+                           kv: str | None, batch: int, output: int = 64) -> float:
     config = SimConfig(model=str(pair / "target" / "config.json"), hardware="cpu-local", profile=str(profile),
                        quant=quantization or "fp32", activation_dtype="fp32", kv_dtype=kv or "auto",
                        num_gpu_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64, max_model_len=512,
                        enable_prefix_caching=False)
-    workload = make_workload("bench", [(0.0, 96, 64, ()) for _ in range(batch)])
+    workload = make_workload("bench", [(0.0, 96, output, ()) for _ in range(batch)])
     return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
 
 
@@ -76,26 +78,38 @@ def prompt_logits(engine: LLMEngine, windows: list[list[int]]) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
+    parser.add_argument("--pair", type=Path, default=None, help=f"a trained pair (default {DEFAULT_PAIR})")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: a throwaway pair (unless --pair), the tests' small profile grid, 4 windows "
+                             "of 128 bytes, 16 generated tokens")
     args = parser.parse_args()
+    grid = ProfileGrid.for_budget(256, 96 + 64 + 16)
+    if args.quick:
+        from _quick_pair import quick_pair
+
+        args.pair = args.pair or quick_pair()
+        grid = ProfileGrid.quick()
+    args.pair = args.pair or DEFAULT_PAIR
     if not (args.pair / "pair.json").exists():
         raise SystemExit(f"no trained pair at {args.pair}: run `servecast train-pair` first")
     torch.set_num_threads(args.threads)
     weights = read_safetensors_dir(args.pair / "target")
     heldout = (args.pair / "heldout.bin").read_bytes()
-    step = (len(heldout) - 256) // 16
-    windows = [list(heldout[i * step:i * step + 256]) for i in range(16)]
+    num_windows, window, output = (4, 128, 16) if args.quick else (16, 256, 64)
+    step = (len(heldout) - window) // num_windows
+    windows = [list(heldout[i * step:i * step + window]) for i in range(num_windows)]
     prompts = [w[:96] for w in windows]
+    batches = (num_windows, 1)
     # The target's profile on this CPU (bench/spec_decode.py's, same grid), resumed with its quantized layers.
     profile = args.pair / f"profile-cpu-{args.threads}t.jsonl"
     print(f"profiling (resumes) the target's quantized layers -> {profile}", flush=True)
-    grid = ProfileGrid.for_budget(256, 96 + 64 + 16)
     grid = replace(grid, weight_quant=("int8", "int4", "fp8"), quant_group_size=32, kv_quant=("int8", "fp8"))
     Profiler(ModelConfig.from_hf(args.pair / "target"), grid=grid).run(profile)
     costs = CostModel.load("cpu-local", profile=str(profile))
     reference = None
-    print(f"{'mode':>9} {'weight MB':>9} {'x fp32':>6} {'KV B/token':>10} {'tok/s b16':>9} {'pred b16':>8} "
+    big = f"b{num_windows}"
+    print(f"{'mode':>9} {'weight MB':>9} {'x fp32':>6} {'KV B/token':>10} {'tok/s ' + big:>9} {'pred ' + big:>8} "
           f"{'tok/s b1':>8} {'pred b1':>8} {'mean KL':>9} {'greedy agree':>12}")
     for name, quantization, group, kv_dtype in MODES:
         engine = make(args.pair, weights, quantization, group, kv_dtype)
@@ -106,10 +120,11 @@ def main() -> None:
         kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
         agree = float((reference.argmax(-1) == logits.argmax(-1)).float().mean())
         kv = engine.config.block_bytes(engine.model_config) // engine.config.block_size
-        predicted = [predicted_tokens_per_s(args.pair, costs, profile, quantization, kv_dtype, b) for b in (16, 1)]
+        predicted = [predicted_tokens_per_s(args.pair, costs, profile, quantization, kv_dtype, b, output)
+                     for b in batches]
         print(f"{name:>9} {engine.model.weight_bytes() / 2**20:>9.2f} {engine.model.weight_bytes() / base_bytes:>6.2f} "
-              f"{kv:>10} {tokens_per_s(engine, prompts):>9.0f} {predicted[0]:>8.0f} "
-              f"{tokens_per_s(engine, prompts[:1]):>8.0f} {predicted[1]:>8.0f} {kl:>9.5f} {agree:>12.1%}", flush=True)
+              f"{kv:>10} {tokens_per_s(engine, prompts, output):>9.0f} {predicted[0]:>8.0f} "
+              f"{tokens_per_s(engine, prompts[:1], output):>8.0f} {predicted[1]:>8.0f} {kl:>9.5f} {agree:>12.1%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
    only by the per-request metric rows).
 
     python bench/sim_speed.py [--shared ../shared] [--requests 1000000]
+    python bench/sim_speed.py --quick      # the same runs on 300 / 2,000 requests: a smoke run
 """
 
 from __future__ import annotations
@@ -45,15 +46,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: the trace's first 2,000 requests (start-up run 300), 2,000 synthetic ones")
     args = parser.parse_args()
+    if args.quick:
+        args.requests = 2_000
+    startup, trace_limit = (300, 2_000) if args.quick else (1000, None)
 
     conv = str(args.shared / "traces" / "splitwise_conv.csv")
     config = SimConfig(model="llama-2-7b", hardware="a100-80gb")
     print("1. splitwise_conv.csv on llama-2-7b / a100-80gb / 1 replica")
-    seconds, n, _ = timed(config, conv, limit=1000)
+    seconds, n, _ = timed(config, conv, limit=startup)
     print(f"   start-up run, first {n:,} requests: {seconds:.2f} s = {n / seconds:,.0f} requests/s")
     for bulk in (True, False):
-        seconds, n, summary = timed(config, conv, bulk_decodes=bulk)
+        seconds, n, summary = timed(config, conv, limit=trace_limit, bulk_decodes=bulk)
         print(f"   bulk decode runs {'on ' if bulk else 'off'}: {n} requests in {seconds:.1f} s = {n / seconds:,.0f} "
               f"requests/s ({n / seconds / VIDUR_REQUESTS_PER_S:.1f}x Vidur's ~260/s); "
               f"{summary['time_split_s']['steps']:,} steps, TTFT p50 {summary['ttft_s']['p50']:.3f} s")

@@ -8,11 +8,15 @@ same run on this device's profiles (cpu-local; the target's and the draft's) fro
 acceptance. Speedups are relative to gamma = 0 at the same batch size, measured and predicted.
 
 Two predictions: from the operator profiles alone, and calibrated -- each model's framework terms
-fitted (CostModel.fit_framework) on its forwards as recorded in calibration runs at other batch
-sizes (--calibration-batches) on other prompts (calibrate/spec_steps.py), never on the runs checked.
+fitted (fit_framework, calibrate/fitting.py) on its forwards as recorded in calibration runs at
+other batch sizes (--calibration-batches) on other prompts (calibrate/spec_steps.py), never on the
+runs checked.
 
     servecast train-pair            # once: trains and saves the pair (a few minutes)
     python bench/spec_decode.py [--pair DIR] [--batches 1,4,16] [--gammas 1,2,4,8] [--repeats 3]
+    python bench/spec_decode.py --quick   # a smoke run: a pair trained for seconds into a temporary
+                                          # folder (unless --pair names one), the tests' small profile
+                                          # grid, batches 1,2, gammas 1,2, one repeat
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
+from calibrate.fitting import fit_framework
 from calibrate.profile_plan import ProfileGrid
 from calibrate.profiler import Profiler
 from calibrate.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
@@ -80,10 +85,10 @@ def calibrated_models(pair: Path, profiles: dict[str, Path], weights: dict, prom
         models[which] = CostModel.load("cpu-local", profile=str(profiles[which]))
     target_spec = load_model(str(pair / "target" / "config.json"))
     draft_spec = load_model(str(pair / "draft" / "config.json"))
-    models["target"].fit_framework(Profile.load(profiles["target"]),
-                                   target_observations(log, target_spec, "fp32", BLOCK_SIZE))
-    models["draft"].fit_framework(Profile.load(profiles["draft"]),
-                                  draft_observations(log, draft_spec, "fp32", BLOCK_SIZE, models["draft"]))
+    fit_framework(models["target"], Profile.load(profiles["target"]),
+                  target_observations(log, target_spec, "fp32", BLOCK_SIZE))
+    fit_framework(models["draft"], Profile.load(profiles["draft"]),
+                  draft_observations(log, draft_spec, "fp32", BLOCK_SIZE, models["draft"]))
     return models["target"], models["draft"], len(log.target), len(log.draft)
 
 
@@ -108,14 +113,25 @@ def predicted(pair: Path, profile: Path, draft_profile: Path, batch: int, gamma:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
+    parser.add_argument("--pair", type=Path, default=None, help=f"a trained pair (default {DEFAULT_PAIR})")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--gammas", default="1,2,4,8")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings here)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each gamma, interleaved; the median is kept")
     parser.add_argument("--calibration-batches", default="2,8",
                         help="batch sizes of the calibration runs (other prompts); none: profiles only")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: a throwaway pair (unless --pair), small profile grid, batches 1,2, gammas "
+                             "1,2, one repeat, calibration at batch 2")
     args = parser.parse_args()
+    grid = ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)
+    if args.quick:
+        from _quick_pair import quick_pair
+
+        args.batches, args.gammas, args.repeats, args.calibration_batches = "1,2", "1,2", 1, "2"
+        args.pair = args.pair or quick_pair()
+        grid = ProfileGrid.quick()
+    args.pair = args.pair or DEFAULT_PAIR
     if not (args.pair / "pair.json").exists():
         raise SystemExit(f"no trained pair at {args.pair}: run `servecast train-pair` first")
     torch.set_num_threads(args.threads)
@@ -127,8 +143,7 @@ def main() -> None:
         profiles[which] = args.pair / name
         # A profile on hand is resumed: only points it lacks (a newer grid's) are measured.
         print(f"profiling the {which} on this CPU -> {profiles[which]}")
-        Profiler(ModelConfig.from_hf(args.pair / which),
-                 grid=ProfileGrid.for_budget(BUDGET, PROMPT + OUTPUT + 16)).run(profiles[which])
+        Profiler(ModelConfig.from_hf(args.pair / which), grid=grid).run(profiles[which])
     weights = {w: read_safetensors_dir(args.pair / w) for w in ("target", "draft")}
     heldout = (args.pair / "heldout.bin").read_bytes()
     step = (len(heldout) - PROMPT) // max(batches)
