@@ -7,20 +7,11 @@ import pytest
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.engine.block_helpers import admit
 
 
 def seq(tokens, rid="r"):
     return Sequence(rid, list(tokens), SamplingParams(max_tokens=4), 0.0)
-
-
-def admit(bm: BlockManager, s: Sequence) -> int:
-    """Admit a sequence the way the scheduler does; returns the number of cached tokens."""
-    computed = bm.get_computed_blocks(s)
-    cached = len(computed) * bm.block_size
-    assert bm.allocate_slots(s, s.num_tokens - cached, computed)
-    s.num_computed_tokens = s.num_tokens
-    bm.cache_full_blocks(s)
-    return cached
 
 
 def test_allocation_is_all_or_nothing() -> None:
