@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 import typer
 from pydantic import ValidationError
@@ -31,7 +32,7 @@ def validation_message(exc: ValidationError) -> str:
 
 def jsonable(value):
     """Summary values as valid JSON: NaN / inf become null, numpy scalars plain numbers."""
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # a dict, or a typed summary read as its JSON
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]

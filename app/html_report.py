@@ -94,7 +94,7 @@ def simulation_report(path: Path, result) -> None:
     s = result.summary
     title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} (tp={s['tp']}, pp={s['pp']}, "
              f"{s['quant']})")
-    write_report(path, title, s, [latency_cdfs(result.requests), time_split_figure(s),
+    write_report(path, title, s.to_dict(), [latency_cdfs(result.requests), time_split_figure(s),
                                   timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)])
 
 
