@@ -93,9 +93,7 @@ def profile_plan(model: ModelConfig, grid: ProfileGrid, dtype: str, tp: int,
     """(op, params) of every measurement, in order."""
     c, g, d = model, grid, dtype
     plan: list[tuple[str, dict]] = []
-    shapes = {"qkv_proj": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
-              "gate_up_proj": (2 * c.intermediate_size, c.hidden_size),
-              "down_proj": (c.hidden_size, c.intermediate_size), "lm_head": (c.vocab_size, c.hidden_size)}
+    shapes = c.linear_shapes()  # the step recipe's shapes, on one rank
     for name, (n, k) in shapes.items():
         for m in g.gemm_rows:
             plan.append(("gemm", dict(name=name, m=m, n=n, k=k, dtype=d)))
@@ -112,8 +110,7 @@ def profile_plan(model: ModelConfig, grid: ProfileGrid, dtype: str, tp: int,
             for kv in g.decode_kv:
                 if kv > q:
                     plan.append(("attention_verify", dict(batch=batch, q_len=q, kv_len=kv, **own_heads)))
-    widths = {"rms_norm": c.hidden_size, "rope": c.q_size + c.kv_size, "swiglu": c.intermediate_size,
-              "add": c.hidden_size}
+    widths = c.elementwise_widths()
     for m in g.tokens:
         plan.append(("kv_write", dict(tokens=m, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=d)))
         for name, width in widths.items():

@@ -38,7 +38,9 @@ class RopeConfig:
 
 
 class DecoderShape:
-    """q_size, kv_size, the experts' width and the parameter count of a Llama-family decoder, for any
+    """q_size, kv_size, the experts' width, the shapes of a layer's linear and elementwise operators
+    on one shard (the step recipe and the profiler both read them) and the parameter count of a
+    Llama-family decoder, for any
     class with its fields (ModelConfig, ModelSpec) and a num_moe_layers. The flags below are what a
     class without such fields counts: ModelSpec leaves out biases, q/k norms and Qwen2-MoE's
     shared-expert gate (a few weights the cost model does not time)."""
@@ -57,6 +59,29 @@ class DecoderShape:
     def expert_intermediate_size(self) -> int:
         """Each routed expert's intermediate size (moe_intermediate_size 0: intermediate_size)."""
         return self.moe_intermediate_size or self.intermediate_size
+
+    def linear_shapes(self, tp: int = 1) -> dict[str, tuple[int, int]]:
+        """(n, k) of each linear layer of one decoder layer on one tensor-parallel shard, plus the LM head.
+
+        Fused like the engine: qkv_proj (q|k|v), gate_up_proj (gate|up). For MoE, the expert
+        GEMMs are per expert.
+        """
+        kv_shard = max(self.kv_size // tp, self.head_dim)  # KV heads replicate when tp exceeds them
+        return {
+            "qkv_proj": (self.q_size // tp + 2 * kv_shard, self.hidden_size),
+            "o_proj": (self.hidden_size, self.q_size // tp),
+            "gate_up_proj": (2 * self.intermediate_size // tp, self.hidden_size),
+            "down_proj": (self.hidden_size, self.intermediate_size // tp),
+            "lm_head": (self.vocab_size // tp, self.hidden_size),
+        }
+
+    def elementwise_widths(self, tp: int = 1) -> dict[str, int]:
+        """Width per token of each elementwise operator of one decoder layer on one shard: the norms
+        and residual adds over the hidden state, rotary over the rank's q and k heads, the SwiGLU
+        activation over its slice of the MLP."""
+        heads, kv_heads = self.num_heads // tp, max(self.num_kv_heads // tp, 1)
+        return {"rms_norm": self.hidden_size, "rope": (heads + kv_heads) * self.head_dim,
+                "swiglu": self.intermediate_size // tp, "add": self.hidden_size}
 
     def num_parameters(self) -> int:
         hidden, q, kv = self.hidden_size, self.q_size, self.kv_size

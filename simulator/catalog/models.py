@@ -71,21 +71,6 @@ class ModelSpec(BaseModel, DecoderShape):
             shapes.update(shared_gate_up=(2 * shared, self.hidden_size), shared_down=(self.hidden_size, shared))
         return shapes
 
-    def linear_shapes(self, tp: int = 1) -> dict[str, tuple[int, int]]:
-        """(n, k) of each linear layer of one decoder layer on one tensor-parallel shard, plus the LM head.
-
-        Fused like the engine: qkv_proj (q|k|v), gate_up_proj (gate|up). For MoE, the expert
-        GEMMs are per expert.
-        """
-        kv_shard = max(self.kv_size // tp, self.head_dim)  # KV heads replicate when tp exceeds them
-        return {
-            "qkv_proj": (self.q_size // tp + 2 * kv_shard, self.hidden_size),
-            "o_proj": (self.hidden_size, self.q_size // tp),
-            "gate_up_proj": (2 * self.intermediate_size // tp, self.hidden_size),
-            "down_proj": (self.hidden_size, self.intermediate_size // tp),
-            "lm_head": (self.vocab_size // tp, self.hidden_size),
-        }
-
     def active_parameters(self) -> int:
         """Parameters one token computes with: the routed experts it picks, not all of them."""
         if not self.is_moe:

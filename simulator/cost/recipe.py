@@ -92,9 +92,7 @@ class StepRecipe:
             if count:
                 ops.append(Op(name, "gemm", (n, k, dtype, name, weight_dtype), count))
         ops.append(Op("kv_write", "kv_write", (kv_heads, m.head_dim, dtype), layers))
-        widths = {"rms_norm": m.hidden_size, "rope": (heads + kv_heads) * m.head_dim,
-                  "swiglu": m.intermediate_size // tp, "add": m.hidden_size}
-        for name, width in widths.items():
+        for name, width in m.elementwise_widths(tp).items():
             count = (2 if name in ("rms_norm", "add") else 1) * (dense_layers if name == "swiglu" else layers)
             if count:
                 ops.append(Op(name, "elementwise", (name, width, dtype), count))
