@@ -51,7 +51,8 @@ def profile_command(
     from calibrate.profiler import Profiler
     from engine.engine import resolve_device
     from simulator.catalog.hardware import get_accelerator
-    from engine.config import DTYPE_BYTES, check_quantization
+    from engine.config import check_quantization
+    from engine.dtypes import ENGINE_DTYPES
 
     try:
         config = _engine_model_config(model)
@@ -60,8 +61,8 @@ def profile_command(
                 raise ValueError(f"--expert-parallel needs a mixture-of-experts model; {model} is dense: drop it")
             config = replace(config, expert_parallel=True)
         resolve_device(device)
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
+        if dtype not in ENGINE_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(ENGINE_DTYPES)}")
         if max_batched_tokens < 1:
             raise ValueError("--max-batched-tokens must be positive")
         if threads is not None:

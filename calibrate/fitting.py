@@ -42,7 +42,7 @@ def fit_profile(model: CostModel, profile: Profile, steps: Sequence[StepObservat
     """Fit the unfitted model's curves, then its framework terms, on a profile (and observed steps)."""
     fit_curves(model, profile)
     fit_framework(model, profile, steps)
-    return FittedTerms({k: model.curves[k] for k in model.curves}, dict(model.framework))
+    return FittedTerms(dict(model.curves), dict(model.framework))
 
 
 def fit_curves(model: CostModel, profile: Profile, min_points: int = 6) -> dict[str, EfficiencyCurve]:

@@ -133,13 +133,18 @@ def profile_side_by_side(jobs: list[tuple["Profiler", Path]]) -> list[Profile]:
 
 def write_fitted_beside(path: Path) -> Path | None:
     """Fit the cost model on a finished profile and keep the terms beside it (FittedTerms), so the
-    simulator reads them instead of fitting; None where the device is not in the catalog (users'
-    own hardware files: the CLI fits in memory then)."""
+    simulator reads them instead of fitting; a resumed profile that measured nothing new keeps its
+    current terms. None where the device is not in the catalog (users' own hardware files: the CLI
+    fits in memory then)."""
     from calibrate.fitting import fit_profile
+    from simulator.cost.fitted import FittedTerms
     from simulator.cost.model import CostModel
 
+    if FittedTerms.beside(path) is not None:  # fitted on this very file (its digest)
+        return FittedTerms.path_beside(path)
+    profile = Profile.load(path)
     try:
-        model = CostModel.unfitted(Profile.load(path).hardware, path)
+        model = CostModel.unfitted(profile.hardware, profile)
     except ValueError:
         return None
-    return fit_profile(model, model.profile).save_beside(path)
+    return fit_profile(model, profile).save_beside(path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.dtypes import ENGINE_DTYPES, dtype_bytes
 from engine.model_description import ENGINE_ARCHITECTURES, DecoderShape, ModelDescription, describe
 from engine.model_description import RopeConfig  # re-exported: engine/rope.py and ModelConfig.rope
 
@@ -209,7 +210,6 @@ class SchedulerConfig:
                 "prefill, raise max_num_batched_tokens or lower max_model_len")
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANT_MODES = ("int8", "int4", "fp8")  # weight-only (engine/quantization.py)
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -288,8 +288,8 @@ class EngineConfig:
                              f"got {self.num_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(ENGINE_DTYPES)}")
         if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
             raise ValueError("give either num_blocks or kv_cache_memory_bytes, not both")
         if self.block_size <= 0:
@@ -314,9 +314,9 @@ class EngineConfig:
 
     def block_bytes(self, model: ModelConfig) -> int:
         if self.kv_cache_dtype is None:
-            return self.block_size * model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
+            return self.block_size * model.kv_bytes_per_token(dtype_bytes(self.dtype))
         # A byte per value, plus one scale (in the model's dtype) per token, KV head and K or V.
-        per_token = 2 * model.num_layers * model.num_kv_heads * (model.head_dim + DTYPE_BYTES[self.dtype])
+        per_token = 2 * model.num_layers * model.num_kv_heads * (model.head_dim + dtype_bytes(self.dtype))
         return self.block_size * per_token
 
     def cache_config(self, model: ModelConfig) -> CacheConfig:

@@ -42,7 +42,7 @@ class FittedTerms:
         return out
 
     @classmethod
-    def beside(cls, profile_path: str | Path | Profile | None, profile: Profile | None = None) -> "FittedTerms | None":
+    def beside(cls, profile_path: str | Path | Profile | None) -> "FittedTerms | None":
         """The terms in the file beside a profile file, if it was fitted on this very file (its
         digest); None otherwise (a profile in memory has no file beside it)."""
         if not isinstance(profile_path, (str, Path)):
@@ -52,8 +52,8 @@ class FittedTerms:
             return None
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            return None
-        if raw.get("format") != FORMAT or raw.get("profile_sha256") != cls.digest(profile_path):
-            return None  # stale: fitted on another version of the profile
-        return cls.from_dict(raw)
+            if raw.get("format") != FORMAT or raw.get("profile_sha256") != cls.digest(profile_path):
+                return None  # stale: fitted on another version of the profile
+            return cls.from_dict(raw)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # unreadable: fitted again where it is needed, as if it were not there

@@ -70,7 +70,7 @@ class CostModel:
         profile without either is refused: calibrate.fitting.load_cost_model fits one."""
         model = cls.unfitted(hardware, profile, hardware_file, params_file)
         if model.profile is not None:
-            fitted = fitted if fitted is not None else FittedTerms.beside(profile, model.profile)
+            fitted = fitted if fitted is not None else FittedTerms.beside(profile)
             if fitted is None:
                 raise ValueError(f"the profile of {hardware} has no fitted terms: fit it with "
                                  "calibrate.fitting.load_cost_model (the CLI does), or pass fitted=")
@@ -158,9 +158,6 @@ class CostModel:
                 return k
             k = fallback(k)
         raise ValueError(f"no efficiency curve for {key!r} (nor its fallbacks): the parameter file is incomplete")
-
-    def curve(self, key: str) -> EfficiencyCurve:
-        return self.curves[self.curve_used(key)]
 
     def expected_error(self, provenance: str, key: str | None = None) -> float:
         """Relative error to expect: held-out figures per curve where the parameter file has them;

@@ -68,7 +68,7 @@ class AttentionVerify(Source):
 
     name = "attention_verify"
 
-    def __init__(self, cm: "CostModel", queries: int, by_batch: dict[int, Series], exact: dict[int, Series]) -> None:
+    def __init__(self, cm: "CostModel", by_batch: dict[int, Series], exact: dict[int, Series]) -> None:
         self.errors, self.by_batch, self.batches, self.exact = cm.errors, by_batch, sorted(by_batch), exact
 
     def time(self, size) -> float:
@@ -93,7 +93,7 @@ def attention_verify(cm: "CostModel", queries: int, heads: int, kv_heads: int, h
     if not by_q:
         return None
     fitting = [q for q in by_q if q >= queries]
-    return AttentionVerify(cm, queries, by_q[min(fitting) if fitting else max(by_q)], by_q.get(queries, {}))
+    return AttentionVerify(cm, by_q[min(fitting) if fitting else max(by_q)], by_q.get(queries, {}))
 
 
 class VerifyAsDecodes(Source):

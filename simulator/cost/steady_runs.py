@@ -74,8 +74,9 @@ class UniformSteadyRun(SteadyRun):
         split.overhead_s += k * base.overhead_s
         # Flops and bytes grow linearly with the context, n keys more each step.
         keys = k * self.first_context + n * k * (k - 1) // 2
-        split.flops += (k * (timer._flops_per_token * n + timer._flops_per_sample * n)
-                        + timer._attention_flops_per_key * keys)
+        recipe = timer.recipe
+        split.flops += (k * (recipe.flops_per_token * n + recipe.flops_per_sample * n)
+                        + recipe.attention_flops_per_key * keys)
         split.bytes_moved += k * timer.weight_bytes(n) + timer._kv_bytes_per_token * keys
         split.steps += k
 

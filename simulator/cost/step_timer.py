@@ -80,8 +80,7 @@ class StepTimer:
         self._token_ops = [(cm.source(op.kind, op.shape).time, op.count, op.size, op.name == "all_reduce")
                            for op in recipe.token_ops]
         self._head_ops = [(cm.source(op.kind, op.shape).time, op.count, op.size) for op in recipe.head_ops]
-        attention = (recipe.heads, recipe.kv_heads, self.model.head_dim, recipe.dtype)
-        self._attention = attention
+        self._attention = (recipe.heads, recipe.kv_heads, self.model.head_dim, recipe.dtype)
         self._prefill: dict[tuple[int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}  # (decodes, total context)
         self._decode_timers: dict = {}  # decodes -> the decode-attention source's time
@@ -92,13 +91,7 @@ class StepTimer:
         self._kv_dequant = cm.kv_dequant_timer(self.kv_dtype, recipe.kv_heads, self.model.head_dim, self.dtype)
         self._head: dict[int, float] = {}
         self._overhead: dict[int, float] = {}
-        self._flops_per_token = recipe.flops_per_token
-        self._flops_per_sample = recipe.flops_per_sample
-        self._attention_flops_per_key = recipe.attention_flops_per_key
         self._kv_bytes_per_token = recipe.kv_bytes_per_token(self.kv_dtype)
-        self._weight_bytes = recipe.weight_bytes
-        # MoE: a step reads the experts it touches, not k of them (weight_bytes() corrects for it).
-        self._expert_bytes = recipe.expert_bytes
         self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
         self._moe_hosts: dict[int, tuple[float, float]] = {}  # tokens -> moe_host_features
 
@@ -110,13 +103,15 @@ class StepTimer:
     def weight_bytes(self, tokens: int) -> float:
         """Weight bytes one step of `tokens` tokens reads (per GPU): every dense weight once, and of
         a mixture-of-experts model the experts it is expected to touch (simulator/cost/moe.py)."""
-        if not self._expert_bytes:
-            return self._weight_bytes
+        recipe = self.recipe
+        if not recipe.expert_bytes:  # dense: every weight once per step
+            return recipe.weight_bytes
         def compute() -> float:
             m = self.model
             load = step_load(tokens, m.num_experts, m.experts_per_token, self.routing_skew,
                              self.tp if self.expert_parallel else 1)
-            return self._weight_bytes + (load.active_experts - m.experts_per_token) * self._expert_bytes
+            # The recipe counts k experts per MoE layer; a step reads those it touches.
+            return recipe.weight_bytes + (load.active_experts - m.experts_per_token) * recipe.expert_bytes
         return self._memo(self._weight_reads, tokens, compute)
 
     # -- parts --------------------------------------------------------------------------------
@@ -313,9 +308,10 @@ class StepTimer:
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)
         overhead_s = self.overhead(num_chunks, num_chunks - decodes, groups, tokens, verifying)
+        recipe = self.recipe
         return StepParts(compute_s, comm_s, prefill_s, decode_s, head_s, overhead_s, prefill_tokens / tokens,
-                          self._flops_per_token * tokens + self._flops_per_sample * sampled
-                          + self._attention_flops_per_key * (keys + decode_context),
+                          recipe.flops_per_token * tokens + recipe.flops_per_sample * sampled
+                          + recipe.attention_flops_per_key * (keys + decode_context),
                           self.weight_bytes(tokens) + self._kv_bytes_per_token * (decode_context + prefill_context))
 
     def _record(self, parts: "StepParts") -> float:

@@ -104,3 +104,29 @@ def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() 
     dense_fit = CostModel.load("a100-80gb")
     fit_framework(dense_fit, Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
     assert not set(MOE_TERMS) & set(dense_fit.framework)
+
+
+def test_the_fit_beside_a_profile_serves_only_that_profile(tmp_path) -> None:
+    """The simulator reads the terms fitted beside a profile file, and only while the file is the one
+    they were fitted on; without them it refuses, naming the fix."""
+    from calibrate.fitting import fit_profile, load_cost_model
+    from simulator.cost.fitted import FittedTerms
+    from simulator.cost.profile_format import Measurement
+
+    profile = Profile("a100-80gb", {"device_name": "test"}, {}, "test")
+    for m, t in [(1, 10e-6), (16, 12e-6), (64, 20e-6), (256, 60e-6), (1024, 220e-6), (2048, 430e-6)]:
+        profile.measurements.append(Measurement.make("gemm", t, name="qkv_proj", m=m, n=4096, k=4096, dtype="fp16"))
+    path = tmp_path / "p.jsonl"
+    profile.save(path)
+    with pytest.raises(ValueError, match="no fitted terms"):
+        CostModel.load("a100-80gb", profile=path)
+    fitted_here = load_cost_model("a100-80gb", profile=path)
+    fit_profile(CostModel.unfitted("a100-80gb", path), Profile.load(path)).save_beside(path)
+    read = CostModel.load("a100-80gb", profile=path)
+    assert read.curves == fitted_here.curves and read.framework == fitted_here.framework
+    assert read.predict_gemm(128, 1024, 4096, "fp16") == fitted_here.predict_gemm(128, 1024, 4096, "fp16")
+
+    Profile.append(path, Measurement.make("gemm", 800e-6, name="qkv_proj", m=4096, n=4096, k=4096, dtype="fp16"))
+    assert FittedTerms.beside(path) is None  # fitted on the file before this point
+    FittedTerms.path_beside(path).write_text('{"format": "servecast-fitted-terms"')
+    assert FittedTerms.beside(path) is None  # unreadable: as if absent
