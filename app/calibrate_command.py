@@ -14,9 +14,24 @@ from app.common import fail
 
 def calibrate_command(
     shared: Path = typer.Option(Path("../shared"), help="the shared data folder with profiles/vidur"),
-    out: Optional[Path] = typer.Option(None, help="parameter file to write (default: the shipped one)"),
+    out: Optional[Path] = typer.Option(None, help="parameter file to write (default: the shipped one); with "
+                                       "--runs: the engine profile to write"),
+    runs: Optional[Path] = typer.Option(None, help="instead: fit an engine profile on a markdown or CSV table of "
+                                        "real runs (the shape of ../shared/reference/vllm-runs.md)"),
+    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to start from (default vllm-v0.15)"),
+    hardware: str = typer.Option("h100-sxm", help="--runs: the GPU of runs whose table has no Hardware column"),
+    max_num_batched_tokens: int = typer.Option(2048, help="--runs: of runs whose table has no mbt column"),
+    fit_time_scale: float = typer.Option(0.1, help="--runs: shorten every stage this much while fitting"),
+    time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit"),
+    evaluations: int = typer.Option(40, help="--runs: most simulations of every run while fitting"),
 ) -> None:
-    """Refit the shipped efficiency curves on the Vidur A100 profiles; print the A40 held-out error."""
+    """Refit the shipped efficiency curves on the Vidur A100 profiles; print the A40 held-out error.
+    With --runs: fit a serving-engine profile on real runs, cross-validated."""
+    if runs is not None:
+        from app.runs_command import calibrate_runs
+
+        calibrate_runs(runs, out, engine, hardware, max_num_batched_tokens, fit_time_scale, time_scale, evaluations)
+        return
     from calibrate.fit import PARAMS_OUT, build_params
 
     try:

@@ -73,6 +73,8 @@ def plan_command(
                                         "placements under TP: off (a slice of every expert), on (whole experts "
                                         "per rank, all-to-all) or off,on"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
+    engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or servecast"),
+    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
     growth: str = typer.Option("1", help="traffic growth factors to plan for, e.g. 1,2,4"),
     max_replicas: int = typer.Option(256, help="give up on a candidate beyond this many replicas"),
     workers: int = typer.Option(max(1, (os.cpu_count() or 1)), help="local processes (0: in this process)"),
@@ -110,11 +112,13 @@ def plan_command(
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
         workload = load_workload(trace or default_trace(), seed=seed)
-        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed,
-                        knobs={"routing_skew": routing_skew} if routing_skew else {})
+        knobs = {"routing_skew": routing_skew} if routing_skew else {}
+        if engine is not None or engine_file is not None:
+            knobs.update(engine=engine, engine_file=str(engine_file) if engine_file else None)
+        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed, knobs=knobs)
         for c in candidates:  # bad ids and values fail here, in one line, before any simulation
             try:
-                spec.config(c, 1)
+                spec.config(c, 1).engine_profile()
             except ValidationError as exc:
                 raise ValueError(f"{c.label}: {validation_message(exc)}") from None
         if executor not in ("local", "ray"):

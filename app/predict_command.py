@@ -25,6 +25,11 @@ def predict_command(
     hardware_file: Optional[Path] = typer.Option(None, help="extra hardware YAML"),
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
+    engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or "
+                                         "servecast (kernels alone on catalog GPUs)"),
+    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
+    max_num_seqs: int = typer.Option(256, help="the server's limit (which CUDA-graph sizes it captures)"),
+    max_num_batched_tokens: int = typer.Option(8192, help="the server's token budget (likewise)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
@@ -42,13 +47,17 @@ def predict_command(
             spec.check_expert_parallel(tp)
         if routing_skew < 0:
             raise ValueError("--routing-skew must be >= 0 (0: uniform)")
+        from simulator.catalog.engines import DEFAULT_GPU_ENGINE, OWN_ENGINE, load_engine
+
         cost_model = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
+        default = OWN_ENGINE if cost_model.accelerator.profiled else DEFAULT_GPU_ENGINE
+        cost_model.use_engine(load_engine(engine or default, engine_file), max_num_seqs, max_num_batched_tokens)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
         step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel,
                                     routing_skew=routing_skew)
     except ValueError as exc:
         fail(str(exc))
-    result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype,
+    result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype, "engine": cost_model.engine.id,
               "step": {"decode_batch": decode_batch, "context": context} if decode_batch else {"prefill_tokens": tokens},
               "step_time_s": step.total_s,
               "operators": {name: {"time_s": t, "provenance": step.provenance[name],

@@ -56,6 +56,11 @@ def print_summary(summary: dict) -> None:
         d = summary[key]
         table.add_row(name, *(ms(d[k]) for k in ("mean", "p50", "p90", "p95", "p99")))
     out.print(table)
+    intervals = summary.get("intervals") or {}
+    if intervals:
+        out.print("80 % intervals (" + (summary["cost_model"].get("engine") or "") + ", from its cross-validated "
+                  "errors on real runs): " + ", ".join(
+                      f"{k.replace('_s.', ' ')} {ms(lo)}-{ms(hi)} ms" for k, (lo, hi) in intervals.items()))
     t, c, u = summary["throughput"], summary["cost"], summary["utilization"]
     out.print(f"{summary['num_finished']}/{summary['num_requests']} requests finished "
               f"({summary['num_rejected']} rejected) in {summary['duration_s']:.1f} simulated s: "
@@ -111,6 +116,11 @@ def simulate_command(
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank "
                                          "with all-to-all, instead of a slice of every expert"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
+    engine: Optional[str] = typer.Option(None, help="serving engine whose overheads the step times carry: vllm-v0.15 "
+                                         "(the default on catalog GPUs) or servecast (this project's engine; the "
+                                         "default on profiled devices)"),
+    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs "
+                                               "(servecast calibrate --runs)"),
     workers: int = typer.Option(max(1, os.cpu_count() or 1), help="processes for the replicas under round-robin "
                                 "routing (the same results; other routers use one)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
@@ -131,7 +141,9 @@ def simulate_command(
                            speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                            acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
                            draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
-                           expert_parallel=expert_parallel, routing_skew=routing_skew)
+                           expert_parallel=expert_parallel, routing_skew=routing_skew, engine=engine,
+                           engine_file=str(engine_file) if engine_file else None)
+        config.engine_profile()  # an unknown engine is bad input
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         result = run_simulation(config, trace, rate_scale, as_json, workers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -24,6 +25,7 @@ class Accelerator(BaseModel):
     memory_bandwidth_gbps: float | None = Field(default=None, gt=0)
     peak_tflops: dict[str, float | None] = Field(default_factory=dict)
     interconnect_gbps: float | None = Field(default=None, gt=0)
+    link: Literal["nvlink", "pcie"] | None = None  # how the node's GPUs reach each other (hardware.yaml)
     power_w: float | None = Field(default=None, gt=0)
     price_per_hour_usd: float | None = Field(default=None, ge=0)
     price_source: str | None = None

@@ -17,17 +17,19 @@ import bisect
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from engine.decode_groups import padded_decode_batches
 from engine.dtypes import canonical_dtype
+from simulator.catalog.engines import EngineProfile
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec
 from simulator.cost import operators
 from simulator.cost.curves import additive, fallback, streams
 from simulator.cost.efficiency import EfficiencyCurve, gemm_work
 from simulator.cost.fitted import FittedTerms
-from simulator.cost.host import framework_overhead, host_features, moe_host_features, shape_change_features
+from simulator.cost.host import FRAMEWORK_TERMS, framework_overhead, host_features, moe_host_features, shape_change_features
 from simulator.cost.profile_format import Profile
 from simulator.cost.recipe import Op, StepRecipe
 from simulator.cost.series import Series, index_profile
@@ -60,6 +62,12 @@ class CostModel:
         self.framework: dict[str, float] = {}  # host.FRAMEWORK_TERMS and others, fitted in calibrate/
         # A profile of servecast's own engine: its attention pads decodes in groups (engine/decode_groups.py).
         self.pads_decodes = profile is not None and profile.source.startswith("servecast")
+        # The serving engine whose additions this model carries (use_engine); None: kernels alone.
+        self.engine: EngineProfile | None = None
+        self.graph_sizes: tuple[int, ...] = ()  # the engine's CUDA-graph sizes for this server's limits
+        # Operator family (gemm, attention_decode, ...) -> this device's speed relative to its
+        # curves, fitted on real runs of the device (an engine profile's device_scales).
+        self.scales: dict[str, float] = {}
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -113,6 +121,29 @@ class CostModel:
         self.curves.update(fitted.curves)
         self.framework = dict(fitted.framework)
         self._sources.clear()
+
+    def use_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Carry a serving engine's additions (simulator/catalog/engines.py): its CUDA graphs (token
+        counts padded to the capture sizes; the curves lose their per-kernel launch term t0, which a
+        graph replay does not pay and which a GPU-bound eager step hides behind the kernels before
+        it), its all-reduce algorithms (operators.all_reduce) and its host terms."""
+        self.engine = engine
+        self.graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
+        if self.graph_sizes:
+            self.curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()}
+        self.scales = dict(engine.device_scales.get(self.accelerator.id, {}))
+        if engine.framework:
+            self.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
+                              **engine.framework}
+        self._sources.clear()
+
+    def graph_tokens(self, tokens: int) -> int:
+        """The token count a step of `tokens` runs at: padded to the next CUDA-graph size, or as is
+        past the largest (eager)."""
+        sizes = self.graph_sizes
+        if not sizes or tokens > sizes[-1]:
+            return tokens
+        return sizes[bisect.bisect_left(sizes, tokens)]
 
     def set_curve(self, key: str, curve: EfficiencyCurve) -> None:
         self.curves[key] = curve
@@ -200,7 +231,7 @@ class CostModel:
         if expected_error is None:
             expected_error = self.expected_error(provenance, curve_name)
         return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name),
-                       work, provenance, expected_error)
+                       work, provenance, expected_error, self.scales.get(curve_name.split(":")[0], 1.0))
 
     # -- operators ----------------------------------------------------------------------------
     def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None,
@@ -339,7 +370,7 @@ class CostModel:
             return cost
         recipe = StepRecipe.of(model, tp, dtype, weight_dtype, expert_parallel, routing_skew)
         dtype, layers, hd = recipe.dtype, recipe.layers, model.head_dim
-        self.add_ops(cost, recipe.token_ops, sum(c.num_tokens for c in chunks))
+        self.add_ops(cost, recipe.token_ops, self.graph_tokens(sum(c.num_tokens for c in chunks)))
         for c in chunks:
             if c.num_tokens > 1 and not c.verify:
                 cost.add("attention_prefill", self.predict_attention_prefill(

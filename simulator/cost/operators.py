@@ -150,8 +150,40 @@ def _collective(cm: "CostModel", kind: str, world: int, bytes_per_link: Callable
 
 
 def all_reduce(cm: "CostModel", world: int) -> Source:
-    """Ring all-reduce: 2 (w-1)/w of the bytes cross each link."""
+    """Ring all-reduce: 2 (w-1)/w of the bytes cross each link. Under a serving engine's profile
+    (cm.engine): its own algorithms on this device's link (engine_all_reduce)."""
+    engine = cm.engine
+    if world > 1 and engine is not None and (engine.nccl or engine.custom_all_reduce) \
+            and cm.series(("all_reduce", world)) is None:
+        return engine_all_reduce(cm, world)
     return _collective(cm, "all_reduce", world, lambda nbytes: 2 * (world - 1) / world * nbytes)
+
+
+def engine_all_reduce(cm: "CostModel", world: int) -> Source:
+    """The engine's custom all-reduce where it applies (below its size limit, at a world size it
+    supports, every GPU pair on NVLink or only two GPUs): one-shot, each rank reading its w - 1
+    peers' buffers, below the one-shot size, else two-shot (2 (w-1)/w of the bytes); NCCL's ring
+    otherwise. Bandwidth: one direction of the link (interconnect_gbps counts both)."""
+    engine, accelerator = cm.engine, cm.accelerator
+    link = (accelerator.interconnect_gbps or 64) * 1e9 / 2
+    custom = engine.custom_all_reduce
+    usable = custom is not None and world in custom.worlds and (accelerator.link == "nvlink" or world == 2)
+    nccl = engine.nccl
+
+    scale = cm.scales.get("all_reduce", 1.0)  # in situ vs the benchmarks the algorithms were set from
+
+    def collective(c, moved: float) -> float:
+        return scale * (c.base_s + c.per_hop_s * (world - 1) + moved / (c.link_efficiency * link))
+
+    def time(nbytes: int) -> float:
+        if usable and nbytes < custom.max_bytes:
+            if nbytes < custom.one_shot_below.get(world, 0):
+                return collective(custom.one_shot, (world - 1) * nbytes)
+            return collective(custom.two_shot, 2 * (world - 1) / world * nbytes)
+        if nccl is None:
+            raise ValueError(f"engine {engine.id} has no NCCL all-reduce for {world} GPUs over {accelerator.link}")
+        return collective(nccl, 2 * (world - 1) / world * nbytes)
+    return Formula(time, "extrapolated", cm.errors.get("by_curve", {}).get("all_reduce", cm.unvalidated_error))
 
 
 def all_to_all(cm: "CostModel", world: int) -> Source:

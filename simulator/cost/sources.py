@@ -36,18 +36,19 @@ class Measured(Source):
 
 
 class Modeled(Source):
-    """Roofline x efficiency: work(size) -> (FLOPs, bytes) timed on a fitted curve, never below the
-    roofline."""
+    """Roofline x efficiency: work(size) -> (FLOPs, bytes) timed on a fitted curve, times `scale`
+    (a device's fitted speed relative to the curve, CostModel.scales), never below the roofline."""
 
     def __init__(self, curve: EfficiencyCurve, additive: bool, peak: float, bandwidth_of: Callable[[float], float],
-                 work: Callable[[int], tuple[float, float]], provenance: str, expected_error: float) -> None:
+                 work: Callable[[int], tuple[float, float]], provenance: str, expected_error: float,
+                 scale: float = 1.0) -> None:
         self.curve, self.additive, self.peak, self.bandwidth_of, self.work = curve, additive, peak, bandwidth_of, work
-        self.provenance, self.expected_error = provenance, expected_error
+        self.provenance, self.expected_error, self.scale = provenance, expected_error, scale
 
     def time(self, size) -> float:
         flops, nbytes = self.work(size)
         bandwidth = self.bandwidth_of(nbytes)
-        t = self.curve.time(flops, nbytes, self.peak, bandwidth, self.additive)
+        t = self.curve.time(flops, nbytes, self.peak, bandwidth, self.additive) * self.scale
         return max(t, max(flops / self.peak, nbytes / bandwidth))
 
     def predict(self, size) -> Prediction:

@@ -127,8 +127,9 @@ class StepTimer:
         """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
         def compute() -> tuple[float, float]:
             total_s = all_reduce_s = 0.0  # summed as StepCost.add sums them
+            rows = self.cost_model.graph_tokens(tokens)
             for time_of, count, size, is_all_reduce in self._token_ops:
-                t = time_of(size(tokens)) * count
+                t = time_of(size(rows)) * count
                 total_s += t
                 if is_all_reduce:
                     all_reduce_s += t

@@ -100,7 +100,10 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                           config.block_size, expert_parallel=config.expert_parallel,
                           routing_skew=config.routing_skew)
     env = simpy.Environment()
-    clock = ArrivalClock(requests[0].arrival_s)
+    # The engine sees a request this long after the client sent it (API server, tokenization;
+    # its streamed answer's way back is counted here too): the client's TTFT and E2E include it.
+    ingress_s = cost_model.engine.request_s if cost_model.engine is not None else 0.0
+    clock = ArrivalClock(requests[0].arrival_s + ingress_s)
     recorder = Recorder()
     recorder.watch = watch
     speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
@@ -110,11 +113,12 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     if on_done is not None:
         recorder.on_progress(on_done, every=max(1, len(requests) // 200))
 
+
     def arrivals():
         for i, request in enumerate(requests):
-            if request.arrival_s > env.now:
-                yield env.timeout(request.arrival_s - env.now)
-            clock.next_arrival_s = requests[i + 1].arrival_s if i + 1 < len(requests) else math.inf
+            if request.arrival_s + ingress_s > env.now:
+                yield env.timeout(request.arrival_s + ingress_s - env.now)
+            clock.next_arrival_s = requests[i + 1].arrival_s + ingress_s if i + 1 < len(requests) else math.inf
             router.route(request).submit(request)
 
     env.process(arrivals())

@@ -49,6 +49,8 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     model, accelerator, plan = config.check()
     if cost_model is None:
         cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    if cost_model.engine is None:  # a cost model handed in with its engine keeps it
+        cost_model.use_engine(config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
     fleet = FleetSetup(config, model, plan, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
                        config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from simulator.catalog.engines import DEFAULT_GPU_ENGINE, OWN_ENGINE, EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
 from simulator.cost.memory import MemoryPlan, plan_memory
@@ -93,6 +94,11 @@ class SimConfig(BaseModel):
     # (0: uniform; s > 0: Zipf shares 1/(e+1)^s, a few hot experts).
     expert_parallel: bool = False
     routing_skew: float = Field(default=0.0, ge=0.0, le=4.0)
+    # The serving engine whose additions the step times carry (simulator/catalog/engines.py): a
+    # catalog id, or a profile file (servecast calibrate --runs). None: vLLM's on catalog GPUs,
+    # servecast's own on profiled devices.
+    engine: str | None = None
+    engine_file: str | None = None
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -134,6 +140,14 @@ class SimConfig(BaseModel):
 
     def accelerator(self) -> Accelerator:
         return get_accelerator(self.hardware, self.hardware_file)
+
+    def engine_profile(self) -> EngineProfile:
+        """The engine profile the config names, or its hardware's default."""
+        if self.engine_file is not None:
+            return load_engine(path=self.engine_file)
+        if self.engine is not None:
+            return load_engine(self.engine)
+        return load_engine(OWN_ENGINE if self.accelerator().profiled else DEFAULT_GPU_ENGINE)
 
     @property
     def compute_dtype(self) -> str:

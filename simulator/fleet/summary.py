@@ -115,6 +115,9 @@ class RunSummary(Mapping):
     cost: Cost
     memory: dict  # MemoryPlan.to_dict()
     cost_model: dict  # where the step times came from
+    # 80 % prediction intervals of latency figures ("ttft_s.mean": [low, high], seconds) from the
+    # engine profile's cross-validated residuals on real runs; empty without them.
+    intervals: dict[str, list[float]]
     speculation: dict | None
     # Why the run ended before its last request (SloWatch: missing the SLOs was certain); None: it ran out.
     stopped_early: str | None = None
@@ -173,6 +176,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
     step_time_total = split.prefill_s + split.decode_s + split.communication_s + split.overhead_s
     recorder = record.recorder
+    ttft, tpot, e2e = (Distribution(**distribution(finished[c])) for c in ("ttft_s", "tpot_s", "e2e_s"))
     return RunSummary(
         model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp, replicas=config.replicas,
         quant=config.quant, compute_dtype=config.compute_dtype, kv_dtype=config.cache_dtype,
@@ -185,9 +189,9 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         goodput=Goodput(float(within.sum()) / duration,
                         float(finished.loc[within[within].index, "output_tokens"].sum()) / duration
                         if len(finished) else 0.0),
-        ttft_s=Distribution(**distribution(finished["ttft_s"])), tpot_s=Distribution(**distribution(finished["tpot_s"])),
+        ttft_s=ttft, tpot_s=tpot,
         itl_s=Distribution(recorder.itl_mean(), *(recorder.itl_percentile(p) for p in (50, 90, 95, 99))),
-        e2e_s=Distribution(**distribution(finished["e2e_s"])), queue_s=Distribution(**distribution(finished["queue_s"])),
+        e2e_s=e2e, queue_s=Distribution(**distribution(finished["queue_s"])),
         slo=slo,
         kv_utilization=KvUtilization(float(kv.mean()) if len(kv) else 0.0, float(kv.max()) if len(kv) else 0.0),
         preemptions=int(finished["preemptions"].sum()),
@@ -202,9 +206,28 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
                   usd / (output_tokens + prompt_tokens) * 1e6 if per_million else None),
         memory=plan.to_dict(),
         cost_model={"source": "profile" if cost_model.profile is not None else "roofline x fitted efficiency",
-                    "profile": config.profile},
+                    "profile": config.profile, "engine": cost_model.engine.id if cost_model.engine else None},
+        intervals=prediction_intervals(cost_model, {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}),
         speculation=speculation_summary(config, record.speculation),
         stopped_early=stopped_early or None)
+
+
+# Summary figure -> the real-run metric whose residuals give its interval (calibrate/real_runs.py METRICS).
+INTERVAL_METRICS = {("ttft_s", "mean"): "ttft_mean", ("ttft_s", "p90"): "ttft_p90", ("ttft_s", "p99"): "ttft_p99",
+                    ("tpot_s", "mean"): "tpot", ("e2e_s", "mean"): "e2e_mean", ("e2e_s", "p90"): "e2e_p90",
+                    ("e2e_s", "p99"): "e2e_p99"}
+
+
+def prediction_intervals(cost_model: CostModel, distributions: dict) -> dict[str, list[float]]:
+    engine = cost_model.engine
+    if engine is None or not engine.residuals:
+        return {}
+    out = {}
+    for (name, stat), metric in INTERVAL_METRICS.items():
+        interval = engine.interval(metric, distributions[name].to_dict()[stat])
+        if interval is not None:
+            out[f"{name}.{stat}"] = [interval[0], interval[1]]
+    return out
 
 
 def speculation_summary(config: SimConfig, counts: list[dict]) -> dict | None:

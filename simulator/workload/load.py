@@ -6,6 +6,7 @@ specs (simulator/workload/synthetic.py), then applies the options common to both
     synthetic:num=3000,input=128,output=2048,rate=inf
     synthetic:num=2000,lengths=../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=4,arrival=gamma,cv=3
     synthetic:prefixes=8,prefix_len=1024,users=50,input=1500,output=200,rate=10
+    synthetic:prefixes=9,users=5,prefix_len=100,input=473,output=248,arrival=constant,stages=8x600+20x600
     ../shared/traces/splitwise_conv.csv,window=0-600,limit=2000
     ../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=5,num=1000
 
@@ -18,8 +19,12 @@ Keys (comma separated; arguments of a length distribution in parentheses):
 * arrival    poisson (default), gamma (with cv, the burstiness: coefficient of variation of the
              gaps), constant
 * prefixes, prefix_len, users   shared-prefix workload: `prefixes` system prompts of prefix_len
-             tokens; each request is one of prefixes x users (system prompt + its own input tokens);
-             num defaults to prefixes x users
+             tokens. With users=M, M users per system prompt each send one fixed prompt (system
+             prompt + that user's question, lengths drawn once per user), the N x M prompts in a
+             shuffled cycle (inference-perf's shared_prefix data); num defaults to N x M. Without
+             users, each request has a random system prompt and an input of its own
+* stages     RATExSECONDS+RATExSECONDS...: back-to-back stages at their own rates (instead of rate
+             and num), e.g. stages=8x600+20x600 with arrival=constant
 * seed       random seed (default: the simulation's)
 * window     START-END seconds of a timed trace;  limit: keep the first N requests
 * rate_scale compress arrivals in time (2 = twice the rate);  skip_bad=1  skip (and list) bad rows
@@ -36,7 +41,8 @@ from simulator.workload.synthetic import (SYNTHETIC, SpecOptions, parse_options,
                                           synthetic_workload)
 from simulator.workload.trace_files import read_trace
 
-KNOWN_SYNTHETIC = "num, input, output, lengths, rate, arrival, cv, prefixes, prefix_len, users, seed, window, limit, rate_scale"
+KNOWN_SYNTHETIC = ("num, input, output, lengths, rate, arrival, cv, stages, prefixes, prefix_len, users, seed, window, "
+                   "limit, rate_scale")
 KNOWN_FILE = "rate, arrival, cv, num, seed, window, limit, rate_scale, skip_bad"
 
 

@@ -134,6 +134,39 @@ def spec_arrivals(opts: SpecOptions, num: int, rng: np.random.Generator, default
     return arrival_times(num, rate, opts.get("arrival", "poisson"), opts.number("cv", 1.0), rng)
 
 
+def parse_stages(text: str, where: str) -> list[tuple[float, float]]:
+    """stages=RATExSECONDS+RATExSECONDS...: back-to-back stages of (requests/s, seconds)."""
+    stages = []
+    for part in text.split("+"):
+        rate, sep, seconds = part.strip().partition("x")
+        try:
+            stage = (float(rate), float(seconds))
+        except ValueError:
+            stage = None
+        if not sep or stage is None or not (0 < stage[0] < math.inf and 0 < stage[1] < math.inf):
+            raise WorkloadError(f"{where}: stages={text!r}: use RATExSECONDS stages joined by +, e.g. "
+                                "stages=8x600+20x600 (8 requests/s for 600 s, then 20 for 600 s)")
+        stages.append(stage)
+    return stages
+
+
+def staged_arrivals(stages: list[tuple[float, float]], process: str, cv: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Arrivals of back-to-back stages, each at its own rate for its own seconds (a constant
+    stage: rate x seconds requests evenly spaced from the stage's start, as inference-perf's
+    ConstantLoadTimer sends them)."""
+    times, start = [], 0.0
+    for rate, seconds in stages:
+        expected = max(1, round(rate * seconds))
+        if process == "constant":
+            times.append(start + np.arange(expected) / rate)
+        else:  # draw generously, keep those inside the stage
+            drawn = arrival_times(int(expected * 1.5) + 20, rate, process, cv, rng)
+            times.append(start + drawn[drawn < seconds])
+        start += seconds
+    return np.concatenate(times)
+
+
 def synthetic_workload(opts: SpecOptions, seed: int) -> Workload:
     rng = np.random.default_rng(int(opts.number("seed", seed)))
     prefixes = opts.number("prefixes", integer=True)
@@ -142,24 +175,45 @@ def synthetic_workload(opts: SpecOptions, seed: int) -> Workload:
     if (prefixes is None) != (prefix_len is None) or (users is not None and prefixes is None):
         raise WorkloadError(f"{opts.where}: a shared-prefix workload needs prefixes=N and prefix_len=TOKENS "
                             "(and optionally users=M)")
+    stages_text = opts.get("stages")
+    arrivals = None
+    if stages_text is not None:
+        if opts.get("rate") is not None or opts.get("num") is not None:
+            raise WorkloadError(f"{opts.where}: stages= sets the rate and the number of requests: "
+                                "drop rate= and num=")
+        arrivals = staged_arrivals(parse_stages(stages_text, opts.where), opts.get("arrival", "poisson"),
+                                   opts.number("cv", 1.0), rng)
     default_num = prefixes * (users or 1) if prefixes else 1000
-    num = opts.number("num", default_num, integer=True)
+    num = len(arrivals) if arrivals is not None else opts.number("num", default_num, integer=True)
+    # Fixed prompts (users=M): every user sends the same question each time, so it has its lengths
+    # drawn once (inference-perf's shared_prefix generator: N x M fixed prompts, cycled).
+    draws = prefixes * users if users else num
     lengths_file = opts.get("lengths")
     if lengths_file is not None:
         pairs = load_length_pairs(lengths_file)
-        picks = rng.integers(0, len(pairs), size=num)
+        picks = rng.integers(0, len(pairs), size=draws)
         prompt = np.array([pairs[i].prompt_tokens for i in picks])
         output = np.array([pairs[i].output_tokens for i in picks])
     else:
-        prompt = LengthDistribution.parse(opts.get("input", "512"), "input").sample(rng, num)
-        output = LengthDistribution.parse(opts.get("output", "128"), "output").sample(rng, num)
-    arrivals = spec_arrivals(opts, num, rng, math.inf)
+        prompt = LengthDistribution.parse(opts.get("input", "512"), "input").sample(rng, draws)
+        output = LengthDistribution.parse(opts.get("output", "128"), "output").sample(rng, draws)
+    if arrivals is None:
+        arrivals = spec_arrivals(opts, num, rng, math.inf)
     segments: list[tuple[int, ...]] = [()] * num
+    if prefixes and users:
+        # Request i is prompt perm[i mod N*M] (a shuffled cycle, as inference-perf sends them): user
+        # u of system prompt u // M, whose question is segments of its own after the system prompt.
+        perm = rng.permutation(prefixes * users)
+        per_user = -(-int(prompt.max()) // prefix_len)  # segments a question may need
+        user_of = perm[np.arange(num) % (prefixes * users)]
+        segments = [(int(u) // users, *range(prefixes + int(u) * per_user,
+                                              prefixes + int(u) * per_user + -(-int(prompt[u]) // prefix_len)))
+                    for u in user_of]
+        prompt, output = prompt[user_of], output[user_of]
+    elif prefixes:
+        # Each request: a system prompt drawn at random, then an input of its own.
+        segments = [(int(p),) for p in rng.integers(0, prefixes, size=num)]
     if prefixes:
-        # Request i belongs to user (i mod users) of system prompt ((i div users) mod prefixes), in a
-        # shuffled order, so system prompts recur over time as they would in production.
-        order = rng.permutation(num)
-        segments = [((int(order[i]) // (users or 1)) % prefixes,) for i in range(num)]
         prompt = prompt + prefix_len  # the system prompt comes before the request's own input
     rows = [(float(a), int(p), int(o), s) for a, p, o, s in zip(arrivals, prompt, output, segments)]
     return make_workload(opts.where, rows, prefix_len or 0)

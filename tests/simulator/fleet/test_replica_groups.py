@@ -29,7 +29,9 @@ CASES = [
 def together(config: SimConfig, workload) -> FleetRecord:
     """The whole fleet in one SimPy environment, behind its router (how other routers run)."""
     model, _, plan = config.check()
-    fleet = FleetSetup(config, model, plan, CostModel.load(config.hardware), None, True, True,
+    cost_model = CostModel.load(config.hardware)
+    cost_model.use_engine(config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
+    fleet = FleetSetup(config, model, plan, cost_model, None, True, True,
                        max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
     return simulate_replicas(fleet, workload.requests, list(range(config.replicas)))
 

@@ -103,15 +103,50 @@ def test_synthetic_arrivals_and_lengths() -> None:
     assert math.isinf(at_once.rate_per_s) and all(5 <= r.prompt_tokens <= 9 for r in at_once)
 
 
-def test_shared_prefix_workload_has_n_system_prompts() -> None:
-    w = load_workload("synthetic:prefixes=3,prefix_len=64,users=5,input=10,output=4,rate=inf")
-    assert len(w) == 15 and {r.segments for r in w} == {(0,), (1,), (2,)}
-    assert all(r.prompt_tokens == 74 for r in w)
-    by_prefix = {}
-    for r in w:
-        by_prefix.setdefault(r.segments, []).append(r.prompt_token_ids())
-    for prompts in by_prefix.values():
-        assert all(p[:64] == prompts[0][:64] for p in prompts) and len({tuple(p) for p in prompts}) == len(prompts)
+def test_shared_prefix_users_send_fixed_prompts_in_a_cycle() -> None:
+    """users=M: N x M fixed prompts (inference-perf's shared_prefix data), each a system prompt
+    then its user's question, sent in a shuffled cycle: request i and i + N*M are the same prompt."""
+    w = load_workload("synthetic:prefixes=3,prefix_len=64,users=5,input=uniform(10,100),output=4,rate=inf,num=45")
+    assert len(w) == 45 and len({r.segments for r in w}) == 15
+    prompts = [r.prompt_token_ids() for r in w]
+    for i in range(30):
+        assert prompts[i] == prompts[i + 15] and w.requests[i].prompt_tokens == w.requests[i + 15].prompt_tokens
+    assert len({tuple(p) for p in prompts[:15]}) == 15
+    by_system = {}
+    for r, p in zip(w, prompts):
+        by_system.setdefault(r.segments[0], set()).add(tuple(p))
+    assert sorted(by_system) == [0, 1, 2] and all(len(v) == 5 for v in by_system.values())
+    for r, p in zip(w, prompts):  # the system prompt's 64 tokens are its own, shared by its users
+        assert p[:64] == [q for q in prompts if w.requests[prompts.index(q)].segments[0] == r.segments[0]][0][:64]
+    assert all(r.shared_prompt_tokens == r.prompt_tokens for r in w)  # all of it can hit the cache
+
+
+def test_shared_prefix_without_users_shares_only_the_system_prompt() -> None:
+    w = load_workload("synthetic:prefixes=3,prefix_len=64,input=10,output=4,rate=inf,num=30")
+    assert {r.segments for r in w} <= {(0,), (1,), (2,)} and all(r.prompt_tokens == 74 for r in w)
+    assert len({tuple(r.prompt_token_ids()) for r in w}) == 30
+
+
+def test_stages_run_back_to_back_at_their_rates() -> None:
+    w = load_workload("synthetic:prefixes=9,users=5,prefix_len=100,input=473,output=248,arrival=constant,"
+                      "stages=8x60+20x30")
+    arrivals = np.array([r.arrival_s for r in w])
+    assert len(w) == 8 * 60 + 20 * 30 and arrivals[0] == 0.0
+    assert np.allclose(np.diff(arrivals[:480]), 1 / 8) and np.allclose(np.diff(arrivals[480:]), 1 / 20)
+    assert arrivals[480] == pytest.approx(60.0) and all(r.prompt_tokens == 573 for r in w)
+    poisson = load_workload("synthetic:input=10,output=5,stages=10x200+40x100", seed=3)
+    times = np.array([r.arrival_s for r in poisson])
+    assert (times < 200).sum() == pytest.approx(2000, rel=0.1) and (times >= 200).sum() == pytest.approx(4000, rel=0.1)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("synthetic:input=10,output=5,stages=8x600+x", "RATExSECONDS"),
+    ("synthetic:input=10,output=5,stages=8x600,rate=3", "drop rate"),
+    ("synthetic:input=10,output=5,stages=0x600", "RATExSECONDS"),
+])
+def test_bad_stages_name_the_fix(spec, message) -> None:
+    with pytest.raises(WorkloadError, match=message):
+        load_workload(spec)
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is not beside the checkout")

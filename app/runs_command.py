@@ -1,0 +1,103 @@
+"""Real runs from the command line: `servecast validate --runs FILE` replays run summaries through
+the simulator on an engine profile; `servecast calibrate --runs FILE` fits an engine profile on them
+(calibrate/engine_fit.py) and writes it for --engine-file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from app.common import dumps, fail, progress_bar, wide_console
+
+
+def _read(runs: Path, hardware: str, max_num_batched_tokens: int):
+    from calibrate.real_runs import read_runs
+
+    return read_runs(runs, hardware, max_num_batched_tokens)
+
+
+def runs_table(title: str, replayed) -> Table:
+    from calibrate.real_runs import METRICS
+
+    table = Table(title=title)
+    table.add_column("run")
+    table.add_column("model")
+    table.add_column("tp", justify="right")
+    for metric in METRICS:
+        table.add_column(f"{metric} ms", justify="right")
+    table.add_column("saturated")
+    for rep in replayed:
+        cells = []
+        for metric in METRICS:
+            measured = rep.run.measured.get(metric)
+            error = rep.error(metric)
+            cells.append("-" if measured is None else f"{rep.predicted[metric]:,.1f} / {measured:,.1f}"
+                         + (f" ({100 * error:+.0f}%)" if error is not None and math.isfinite(error) else ""))
+        table.add_row(rep.run.id[:24], rep.run.family, str(rep.run.tp), *cells,
+                      f"{'yes' if rep.run.saturated else 'no'} / {'yes' if rep.saturated else 'no'}")
+    return table
+
+
+def validate_runs(runs: Path, engine: str | None, engine_file: Path | None, hardware: str,
+                  max_num_batched_tokens: int, time_scale: float, as_json: bool) -> None:
+    """Replay every run on the engine profile; print predicted / measured and the median errors."""
+    from calibrate.engine_fit import predict, summary_errors
+    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
+
+    try:
+        if not 0 < time_scale <= 1:
+            raise ValueError(f"--time-scale must be in (0, 1], got {time_scale}")
+        real = _read(runs, hardware, max_num_batched_tokens)
+        profile = load_engine(engine or DEFAULT_GPU_ENGINE, engine_file)
+        replayed = []
+        with progress_bar("replaying runs", transient=as_json) as progress:
+            task = progress.add_task("runs", total=len(real))
+            for run in real:
+                replayed.append(predict(profile, run, time_scale))
+                progress.advance(task)
+    except ValueError as exc:
+        fail(str(exc))
+    errors = summary_errors(replayed)
+    if as_json:
+        typer.echo(dumps({"engine": profile.id, "errors": errors,
+                          "runs": [{"id": r.run.id, "model": r.run.family, "tp": r.run.tp, "measured": r.run.measured,
+                                    "predicted": r.predicted, "saturated": [r.run.saturated, r.saturated]}
+                                   for r in replayed]}))
+        return
+    out = wide_console(220)
+    out.print(runs_table(f"{len(real)} runs of {runs.name} on engine {profile.id}: predicted / measured "
+                         "(saturated: measured / predicted)", replayed))
+    out.print("median absolute error over the unsaturated runs: "
+              + ", ".join(f"{k} {v}" for k, v in errors.items()))
+    if profile.errors:
+        out.print(f"(the profile's own cross-validated figures, on what it was fitted on -- {profile.fitted_on}: "
+                  + ", ".join(f"{k}: E2E {v.get('e2e_mean_mdape')} %, TTFT {v.get('ttft_mean_mdape')} %, "
+                              f"TPOT {v.get('tpot_mdape')} %" for k, v in profile.errors.items()) + ")")
+
+
+def calibrate_runs(runs: Path, out: Path, engine: str | None, hardware: str, max_num_batched_tokens: int,
+                   fit_time_scale: float, time_scale: float, evaluations: int) -> None:
+    """Fit an engine profile on the runs (cross-validated) and write it."""
+    from calibrate.engine_fit import cross_validate
+    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
+
+    try:
+        if out is None:
+            raise ValueError("--runs needs --out: the engine profile file to write (then --engine-file it)")
+        real = _read(runs, hardware, max_num_batched_tokens)
+        base = load_engine(engine or DEFAULT_GPU_ENGINE)
+        with progress_bar("{task.description}") as progress:
+            task = progress.add_task("fitting", total=None)
+            result = cross_validate(base, real, fit_time_scale, time_scale, evaluations,
+                                    progress=lambda text: progress.update(task, description=text))
+    except ValueError as exc:
+        fail(str(exc))
+    result.profile.save(out)
+    console = wide_console(220)
+    console.print(runs_table(f"leave one run out on {runs.name}: predicted / measured", result.leave_one_run_out))
+    for label, errors in result.profile.errors.items():
+        console.print(f"{label}: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
+    console.print(f"wrote {out}: use it with --engine-file {out}")

@@ -1,0 +1,73 @@
+"""Real-GPU fidelity (issue 24): replay the real vLLM runs of ../shared/reference/vllm-runs.md
+through the simulator, fit the vLLM engine profile on them, and print per run predicted / measured
+E2E, TTFT (mean, p90, p99) and TPOT, with the median absolute percentage errors in sample, leave
+one run out and leave one model out, saturation, and the coverage of the 80 % intervals. Prints
+figures; never passes or fails.
+
+    python bench/vllm_runs.py                     # fit, cross-validate, print (minutes)
+    python bench/vllm_runs.py --write             # ... and write the fitted profile to the catalog
+    python bench/vllm_runs.py --quick             # a smoke run: 4 runs, short stages, a short fit
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from calibrate.engine_fit import cross_validate, interval_coverage
+from calibrate.real_runs import METRICS, read_runs
+from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
+
+
+def table(result) -> None:
+    print(f"{'run':28s} {'model':14s} tp {'workload':14s}  " + "  ".join(f"{m:>16s}" for m in METRICS)
+          + "  saturated")
+    for loo in result.leave_one_run_out:
+        run = loo.run
+        cells = []
+        for m in METRICS:
+            measured = run.measured.get(m)
+            cells.append(f"{loo.predicted[m]:8.1f}/{measured:7.1f}" if measured is not None else f"{'-':>16s}")
+        print(f"{run.id[:28]:28s} {run.family:14s} {run.tp:2d} {run.preset.name:14s}  " + "  ".join(cells)
+              + f"  {'yes' if run.saturated else 'no'}/{'yes' if loo.saturated else 'no'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    parser.add_argument("--fit-time-scale", type=float, default=0.1, help="stages shortened this much while fitting")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="stages shortened this much when judging")
+    parser.add_argument("--evaluations", type=int, default=60, help="about the most simulations of every run while fitting")
+    parser.add_argument("--write", action="store_true", help=f"write the fitted profile to {ENGINES_DIR}")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    runs = read_runs(args.shared / "reference" / "vllm-runs.md")
+    if args.quick:
+        runs = [r for r in runs if r.family in ("qwen2.5-7b", "llama-2-7b", "mistral-nemo")][:5]
+        args.fit_time_scale, args.time_scale, args.evaluations = 0.02, 0.02, 8
+    started = time.perf_counter()
+    base = load_engine(DEFAULT_GPU_ENGINE)
+    result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, args.evaluations,
+                            progress=lambda text: print("  ..", text, flush=True))
+    print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
+          f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")
+    print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))
+    print("\nper run, leave one run out: predicted/measured (ms)")
+    table(result)
+    print("\nmedian absolute % error over the unsaturated runs (target: E2E <= 5, TTFT <= 15, TPOT <= 5)")
+    for label, errors in result.profile.errors.items():
+        print(f"  {label:20s} " + "  ".join(f"{k}={v}" for k, v in errors.items()))
+    print("\n80 % intervals (nested leave one run out): measured inside / runs (target 70-90 %)")
+    for metric in METRICS:
+        inside, total = interval_coverage(result.leave_one_run_out, metric)
+        if total:
+            print(f"  {metric:10s} {inside}/{total} = {100 * inside / total:.0f} %")
+    if args.write:
+        path = ENGINES_DIR / f"{DEFAULT_GPU_ENGINE}.json"
+        result.profile.save(path)
+        print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

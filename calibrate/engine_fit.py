@@ -1,0 +1,196 @@
+"""Fitting a serving-engine profile on real runs, and judging it on runs it was not fitted on. No torch.
+
+The fitted parameters are few and each is one physical thing: per device with runs, the speed of
+its GEMMs and of its decode attention relative to the shipped curves; for the engine, its host
+time per step and per scheduled sequence, and the latency a request spends outside the engine's
+steps (API server, tokenization, streaming). Everything else in the profile (CUDA graphs, the
+all-reduce algorithms) is fixed from public sources. The fit minimises the squared log errors of
+the E2E mean, TTFT mean and TPOT of the unsaturated runs, each run simulated in full through the
+engine's scheduler (stages shortened by time_scale).
+
+Cross-validation refits without the held-out runs by one Gauss-Newton step from the full fit on
+the remaining runs' residuals and Jacobian (the fit's own linearisation; one step from the
+optimum), then simulates each held-out run at its own refitted parameters: leave one run out, and
+leave one model out (every run of the model held out together).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from calibrate.real_runs import METRICS, RealRun
+from calibrate.run_replay import Replayed, replay, run_config
+from simulator.catalog.engines import EngineProfile
+from simulator.cost.model import CostModel
+
+FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
+SHARED = ("step_ms", "step_per_seq_us", "request_ms")  # in units that make finite differences sane
+SHARED_START, SHARED_BOUNDS = (0.2, 5.0, 15.0), ((0.0, 20.0), (0.0, 200.0), (0.0, 500.0))
+DEVICE = ("gemm", "attention_decode", "all_reduce")
+DEVICE_START, DEVICE_BOUNDS = (1.0, 1.0, 1.0), ((0.3, 3.0), (0.3, 3.0), (0.3, 10.0))
+# Shortened for the fit, a run still spans this many seconds (its steady state, not its ramp-up).
+MIN_FIT_S = 300.0
+# A run that could not serve every request is off the scale: its residuals count as this factor.
+OFF_SCALE = math.log(100.0)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    profile: EngineProfile  # fitted on every run given
+    in_sample: list[Replayed]
+    leave_one_run_out: list[Replayed]
+    leave_one_model_out: list[Replayed]
+    theta: tuple[float, ...]
+    names: tuple[str, ...]
+
+
+def parameter_names(devices: Sequence[str]) -> tuple[str, ...]:
+    return (*SHARED, *(f"{d}:{p}" for d in devices for p in DEVICE))
+
+
+def profile_at(base: EngineProfile, devices: Sequence[str], theta: Sequence[float]) -> EngineProfile:
+    step_ms, per_seq_us, request_ms = theta[:3]
+    scales = dict(base.device_scales)
+    for i, device in enumerate(devices):
+        start = len(SHARED) + len(DEVICE) * i
+        scales[device] = {name: float(v) for name, v in zip(DEVICE, theta[start:start + len(DEVICE)])}
+    framework = {**base.framework, "step_s": step_ms * 1e-3, "step_per_chunk_s": per_seq_us * 1e-6}
+    return replace(base, framework=framework, request_s=request_ms * 1e-3, device_scales=scales)
+
+
+def fit_scale(run: RealRun, time_scale: float) -> float:
+    """time_scale, or more for a short run, so that it spans at least MIN_FIT_S seconds."""
+    return min(1.0, max(time_scale, MIN_FIT_S / sum(seconds for _, seconds in run.preset.stages)))
+
+
+def predict(profile: EngineProfile, run: RealRun, time_scale: float) -> Replayed:
+    config = run_config(run)
+    cost_model = CostModel.load(run.hardware, hardware_file=config.hardware_file)
+    cost_model.use_engine(profile, config.max_num_seqs, config.max_num_batched_tokens)
+    return replay(run, cost_model, time_scale, config)
+
+
+def log_residuals(replayed: Replayed, metrics: Sequence[str] = FIT_METRICS) -> list[float]:
+    out = []
+    for metric in metrics:
+        measured, predicted = replayed.run.measured.get(metric), replayed.predicted[metric]
+        if measured is None:
+            continue
+        out.append(math.log(predicted / measured) if math.isfinite(predicted) and predicted > 0 else OFF_SCALE)
+    return out
+
+
+def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float = 0.1,
+               max_evaluations: int = 40, progress: Callable[[str], None] | None = None) -> tuple[
+                   EngineProfile, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Least squares over the unsaturated runs: (profile, theta, Jacobian rows per run stacked, names)."""
+    fitting = [r for r in runs if not r.saturated]
+    if not fitting:
+        raise ValueError("no unsaturated run to fit on: every run given was overloaded")
+    devices = sorted({r.hardware for r in fitting})
+    names = parameter_names(devices)
+    x0 = np.array([*SHARED_START, *DEVICE_START * len(devices)])
+    bounds = [*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices)]
+    lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
+    calls = [0]
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        profile = profile_at(base, devices, theta)
+        r = [x for run in fitting for x in log_residuals(predict(profile, run, fit_scale(run, time_scale)))]
+        if progress is not None:
+            progress(f"fit evaluation {calls[0]}: rms log error {float(np.sqrt(np.mean(np.square(r)))):.3f}")
+        return np.array(r)
+
+    # max_nfev counts the steps' evaluations, not the Jacobians' (one per parameter each step).
+    result = least_squares(residuals, x0, bounds=(lower, upper), diff_step=0.05, ftol=1e-3, xtol=1e-3,
+                           max_nfev=max(1, max_evaluations // (len(x0) + 1)),
+                           x_scale=np.array([0.5, 5.0, 10.0, *(0.1,) * len(DEVICE) * len(devices)]))
+    return profile_at(base, devices, result.x), result.x, result.jac, names
+
+
+def refit_without(theta: np.ndarray, jac: np.ndarray, resid: np.ndarray, drop_rows: np.ndarray,
+                  bounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """One Gauss-Newton step from theta on the rows kept (the held-out rows dropped), within bounds."""
+    keep = ~drop_rows
+    step, *_ = np.linalg.lstsq(jac[keep], -resid[keep], rcond=None)
+    return np.clip(theta + step, bounds[0], bounds[1])
+
+
+def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
+                   time_scale: float = 1.0, max_evaluations: int = 40,
+                   progress: Callable[[str], None] | None = None) -> FitResult:
+    """The fit on every run, its in-sample predictions, and leave-one-run-out and
+    leave-one-model-out predictions, each run simulated at time_scale."""
+    profile, theta, jac, names = fit_engine(base, runs, fit_time_scale, max_evaluations, progress)
+    fitting = [r for r in runs if not r.saturated]
+    devices = sorted({r.hardware for r in fitting})
+    bounds = (np.array([b[0] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]),
+              np.array([b[1] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]))
+    fitted_profile = profile_at(base, devices, theta)
+    short = [predict(fitted_profile, r, fit_scale(r, fit_time_scale)) for r in fitting]
+    resid = np.array([x for rep in short for x in log_residuals(rep)])
+    owner = np.array([i for i, rep in enumerate(short) for _ in log_residuals(rep)])
+
+    def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
+        out = {}
+        for n, (name, members) in enumerate(groups.items(), 1):
+            theta_out = refit_without(theta, jac, resid, np.isin(owner, members), bounds)
+            for i in members:
+                out[i] = predict(profile_at(base, devices, theta_out), fitting[i], time_scale)
+            if progress is not None:
+                progress(f"{label} {n}/{len(groups)}")
+        return out
+
+    loo = held_out({fitting[i].id: [i] for i in range(len(fitting))}, "leave one run out")
+    families: dict[str, list[int]] = {}
+    for i, run in enumerate(fitting):
+        families.setdefault(run.family, []).append(i)
+    lomo = held_out(families, "leave one model out")
+    in_sample = [predict(fitted_profile, r, time_scale) for r in runs]
+    by_id = {id(r): k for k, r in enumerate(fitting)}
+    loo_all = [loo[by_id[id(r)]] if id(r) in by_id else rep for r, rep in zip(runs, in_sample)]
+    lomo_all = [lomo[by_id[id(r)]] if id(r) in by_id else rep for r, rep in zip(runs, in_sample)]
+    residuals = {m: [-x for rep in loo_all if not rep.run.saturated for x in log_residuals(rep, (m,))]
+                 for m in METRICS}
+    errors = {"leave_one_run_out": summary_errors(loo_all), "leave_one_model_out": summary_errors(lomo_all),
+              "in_sample": summary_errors(in_sample)}
+    fitted_on = (f"{len(fitting)} unsaturated real runs ({', '.join(sorted({r.hardware for r in fitting}))}; "
+                 f"{', '.join(sorted({r.family for r in fitting}))}) and {len(runs) - len(fitting)} saturated checks")
+    final = replace(fitted_profile, fitted_on=fitted_on, errors=errors, residuals=residuals)
+    return FitResult(final, in_sample, loo_all, lomo_all, tuple(float(x) for x in theta), names)
+
+
+def summary_errors(replayed: Sequence[Replayed]) -> dict:
+    """Median absolute percentage error per metric over the unsaturated runs, the worst unsaturated
+    E2E error, and how many saturated runs came out saturated."""
+    latency = [r for r in replayed if not r.run.saturated]
+    out: dict = {}
+    for metric in METRICS:
+        errors = [abs(e) for r in latency if (e := r.error(metric)) is not None and math.isfinite(e)]
+        if errors:
+            out[f"{metric}_mdape"] = round(100 * float(np.median(errors)), 2)
+    e2e = [abs(e) for r in latency if (e := r.error("e2e_mean")) is not None]
+    out["e2e_mean_max_ape"] = round(100 * max(e2e), 2) if e2e else None
+    saturated = [r for r in replayed if r.run.saturated]
+    out["saturated_predicted"] = f"{sum(r.saturated for r in saturated)}/{len(saturated)}"
+    out["runs"] = len(latency)
+    return out
+
+
+def interval_coverage(replayed: Sequence[Replayed], metric: str, quantiles=(0.1, 0.9)) -> tuple[int, int]:
+    """Of the unsaturated held-out runs, how many measured values fall inside the interval built
+    from the other runs' held-out residuals (nested: a run's own residual never widens its interval)."""
+    rows = [(r, r.run.measured.get(metric)) for r in replayed if not r.run.saturated]
+    rows = [(r, m) for r, m in rows if m is not None and math.isfinite(r.predicted[metric])]
+    inside = 0
+    for k, (rep, measured) in enumerate(rows):
+        others = sorted(math.log(m / r.predicted[metric]) for j, (r, m) in enumerate(rows) if j != k)
+        lo, hi = (float(np.quantile(others, q)) for q in quantiles)
+        inside += rep.predicted[metric] * math.exp(lo) <= measured <= rep.predicted[metric] * math.exp(hi)
+    return inside, len(rows)

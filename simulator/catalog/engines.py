@@ -1,0 +1,165 @@
+"""Serving-engine profiles: what a production engine adds on top of kernel time, as versioned data
+(catalog/engines/*.json; a user's own with --engine-file). No torch.
+
+A profile names
+- its CUDA-graph capture sizes: a step of at most the largest size runs as a graph replay, its
+  token count padded up to the next size and no per-kernel launch cost (the curves' t0);
+- its all-reduce algorithms: a custom kernel over NVLink for small messages (one-shot below a
+  size that depends on the world size, two-shot above, NCCL past max_bytes) and NCCL otherwise;
+- its host terms per step (simulator/cost/host.py FRAMEWORK_TERMS) and its per-request latency
+  outside the engine's steps (API server, tokenization, streaming);
+- what it was fitted on, its cross-validated errors and residuals (for prediction intervals).
+
+`servecast` names this project's own engine: no additions (a profiled device's fit carries its
+host terms). Catalog GPUs default to DEFAULT_GPU_ENGINE.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENGINES_DIR = Path(__file__).with_name("engines")
+DEFAULT_GPU_ENGINE = "vllm-v0.15"
+OWN_ENGINE = "servecast"
+# The quantiles of the cross-validated residuals an interval spans (an 80 % interval).
+INTERVAL = (0.1, 0.9)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """t = base_s + per_hop_s (w - 1) + bytes over each link / (link_efficiency x one direction's bandwidth)."""
+
+    base_s: float
+    link_efficiency: float
+    per_hop_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """An engine's own all-reduce over NVLink (vLLM's custom_all_reduce): used below max_bytes when
+    every GPU pair has NVLink, or at world size 2; one-shot (each rank reads every peer's buffer)
+    below one_shot_below[world] bytes, two-shot (reduce-scatter, all-gather) above."""
+
+    max_bytes: int
+    one_shot_below: dict[int, int]
+    one_shot: Collective
+    two_shot: Collective
+    worlds: tuple[int, ...] = (2, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    id: str
+    description: str
+    graph_sizes: tuple[int, ...] = ()
+    nccl: Collective | None = None
+    custom_all_reduce: CustomAllReduce | None = None
+    framework: dict[str, float] = field(default_factory=dict)
+    request_s: float = 0.0
+    # Device id -> operator family -> speed relative to the shipped curves, fitted on that device's runs.
+    device_scales: dict[str, dict[str, float]] = field(default_factory=dict)
+    fitted_on: str = ""
+    errors: dict = field(default_factory=dict)
+    residuals: dict[str, list[float]] = field(default_factory=dict)  # metric -> log(measured / predicted)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def adds_nothing(self) -> bool:
+        return not (self.graph_sizes or self.nccl or self.custom_all_reduce or self.framework or self.request_s
+                    or self.device_scales)
+
+    def graph_sizes_for(self, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+        """The capture sizes a server of these limits captures: up to min(2 x max_num_seqs, the
+        profile's largest), never past max_num_batched_tokens (vLLM's default rule)."""
+        if not self.graph_sizes:
+            return ()
+        top = min(2 * max_num_seqs, self.graph_sizes[-1], max_num_batched_tokens)
+        return tuple(s for s in self.graph_sizes if s <= top)
+
+    def interval(self, metric: str, value: float) -> tuple[float, float] | None:
+        """The 80 % interval around a predicted value from the cross-validated residuals of that
+        metric (None without residuals)."""
+        residuals = sorted(self.residuals.get(metric, []))
+        if len(residuals) < 3 or not math.isfinite(value):
+            return None
+        lo, hi = (_quantile(residuals, q) for q in INTERVAL)
+        return value * math.exp(lo), value * math.exp(hi)
+
+    # -- reading and writing ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        def collective(c: Collective | None):
+            return None if c is None else {"base_s": c.base_s, "per_hop_s": c.per_hop_s,
+                                           "link_efficiency": c.link_efficiency}
+        custom = self.custom_all_reduce
+        return {"id": self.id, "description": self.description, "graph_sizes": list(self.graph_sizes),
+                "nccl": collective(self.nccl),
+                "custom_all_reduce": None if custom is None else {
+                    "max_bytes": custom.max_bytes, "worlds": list(custom.worlds),
+                    "one_shot_below": {str(k): v for k, v in custom.one_shot_below.items()},
+                    "one_shot": collective(custom.one_shot), "two_shot": collective(custom.two_shot)},
+                "framework": self.framework, "request_s": self.request_s, "device_scales": self.device_scales,
+                "fitted_on": self.fitted_on,
+                "errors": self.errors, "residuals": self.residuals, "sources": self.sources}
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str) -> "EngineProfile":
+        try:
+            def collective(c):
+                return None if c is None else Collective(float(c["base_s"]), float(c["link_efficiency"]),
+                                                         float(c.get("per_hop_s", 0.0)))
+            custom = raw.get("custom_all_reduce")
+            return cls(
+                id=str(raw["id"]), description=str(raw.get("description", "")),
+                graph_sizes=tuple(sorted(int(s) for s in raw.get("graph_sizes", []))),
+                nccl=collective(raw.get("nccl")),
+                custom_all_reduce=None if custom is None else CustomAllReduce(
+                    int(custom["max_bytes"]), {int(k): int(v) for k, v in custom["one_shot_below"].items()},
+                    collective(custom["one_shot"]), collective(custom["two_shot"]),
+                    tuple(int(w) for w in custom.get("worlds", (2, 4, 6, 8)))),
+                framework={k: float(v) for k, v in raw.get("framework", {}).items()},
+                request_s=float(raw.get("request_s", 0.0)),
+                device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
+                fitted_on=str(raw.get("fitted_on", "")),
+                errors=dict(raw.get("errors", {})),
+                residuals={k: [float(x) for x in v] for k, v in raw.get("residuals", {}).items()},
+                sources=dict(raw.get("sources", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is not an engine profile ({exc!r}): see "
+                             f"{ENGINES_DIR / (DEFAULT_GPU_ENGINE + '.json')} for the shape") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, len(sorted_values) - 1)
+    return sorted_values[i] + (pos - i) * (sorted_values[j] - sorted_values[i])
+
+
+def engine_ids() -> list[str]:
+    return sorted([OWN_ENGINE, *(p.stem for p in ENGINES_DIR.glob("*.json"))])
+
+
+def load_engine(name: str | None = None, path: str | Path | None = None) -> EngineProfile:
+    """A catalog engine profile by id, or a profile file (servecast calibrate --runs writes one)."""
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"engine profile {path} does not exist: write one with `servecast calibrate --runs`")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"engine profile {path} is not valid JSON ({exc})") from None
+        return EngineProfile.from_dict(raw, str(path))
+    name = name or DEFAULT_GPU_ENGINE
+    if name == OWN_ENGINE:
+        return EngineProfile(OWN_ENGINE, "servecast's own engine: kernel time and the device profile's fitted terms")
+    file = ENGINES_DIR / f"{name}.json"
+    if not file.is_file():
+        raise ValueError(f"unknown engine {name!r}: use one of {', '.join(engine_ids())} or --engine-file")
+    return EngineProfile.from_dict(json.loads(file.read_text()), str(file))
