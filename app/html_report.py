@@ -78,6 +78,27 @@ def ttft_vs_prompt(requests: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def intervals_figure(summary) -> go.Figure | None:
+    """The predicted latency figures with their 80 % intervals as error bars (the engine profile's
+    cross-validated errors on real runs); None without intervals."""
+    intervals = summary.get("intervals") or {}
+    if not intervals:
+        return None
+    names, values, low, high = [], [], [], []
+    for key, (lo, hi) in intervals.items():
+        name, stat = key.split(".")
+        value = summary[name][stat]
+        names.append(f"{name.removesuffix('_s').upper()} {stat}")
+        values.append(value * 1e3)
+        low.append(max(0.0, value - lo) * 1e3)
+        high.append(max(0.0, hi - value) * 1e3)
+    fig = go.Figure(go.Bar(x=names, y=values, error_y=dict(type="data", array=high, arrayminus=low, visible=True)))
+    engine = summary["cost_model"].get("engine") or ""
+    fig.update_layout(title=f"Predicted latencies with 80 % intervals ({engine}, from its cross-validated "
+                            "errors on real runs)", yaxis_title="ms", yaxis_type="log", height=380)
+    return fig
+
+
 def write_report(path: Path, title: str, summary: dict, figures: list[go.Figure], notes: str = "") -> None:
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if notes:
@@ -94,8 +115,9 @@ def simulation_report(path: Path, result) -> None:
     s = result.summary
     title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} (tp={s['tp']}, pp={s['pp']}, "
              f"{s['quant']})")
-    write_report(path, title, s.to_dict(), [latency_cdfs(result.requests), time_split_figure(s),
-                                  timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)])
+    figures = [latency_cdfs(result.requests), intervals_figure(s), time_split_figure(s),
+               timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
+    write_report(path, title, s.to_dict(), [f for f in figures if f is not None])
 
 
 def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figure:

@@ -156,18 +156,22 @@ def print_plan(result, factors: list[float]) -> None:
     for g in factors:
         rows = sorted(result.at(g), key=lambda r: (not r.feasible, r.usd_per_hour or float("inf")))
         table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs")
-        for name in ("candidate", "replicas", "GPUs", "$/hour", "$/M out tok", "TTFT p99 ms", "TPOT p99 ms",
-                     "headroom"):
+        for name in ("candidate", "replicas", "slow end", "GPUs", "$/hour", "$/M out tok", "TTFT p99 ms",
+                     "TPOT p99 ms", "headroom"):
             table.add_column(name, justify="left" if name == "candidate" else "right")
         for r in rows:
             if r.feasible:
-                table.add_row(r.candidate.label, str(r.replicas), str(r.gpus), _money(r.usd_per_hour),
+                slow = "-" if r.replicas_slow_end is None else str(r.replicas_slow_end)
+                table.add_row(r.candidate.label, str(r.replicas), slow, str(r.gpus), _money(r.usd_per_hour),
                               _money(r.usd_per_million_output_tokens), f"{r.ttft_p99_s * 1e3:,.0f}",
                               f"{r.tpot_p99_s * 1e3:,.1f}", f"x{r.headroom:.2f}" if r.headroom else "-")
         out.print(table)
         best = result.recommendation(g)
         if best is not None:
             headroom = f", headroom x{best.headroom:.2f}" if best.headroom else ""
+            if best.replicas_slow_end is not None:
+                headroom += (f"; {best.replicas_slow_end} replicas if serving runs at the slow end of the "
+                             "80 % interval")
             out.print(f"recommended at x{g:g}: {best.replicas} x {best.candidate.label} "
                       f"({_money(best.usd_per_hour)}/hour, {_money(best.usd_per_million_output_tokens)} per million "
                       f"output tokens{headroom})")

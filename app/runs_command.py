@@ -89,7 +89,7 @@ def calibrate_runs(runs: Path, out: Path, engine: str | None, hardware: str, max
             raise ValueError("--runs needs --out: the engine profile file to write (then --engine-file it)")
         real = _read(runs, hardware, max_num_batched_tokens)
         base = load_engine(engine or DEFAULT_GPU_ENGINE)
-        with progress_bar("{task.description}") as progress:
+        with progress_bar("{task.description}", transient=True) as progress:
             task = progress.add_task("fitting", total=None)
             result = cross_validate(base, real, fit_time_scale, time_scale, evaluations,
                                     progress=lambda text: progress.update(task, description=text))

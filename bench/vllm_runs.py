@@ -6,7 +6,7 @@ figures; never passes or fails.
 
     python bench/vllm_runs.py                     # fit, cross-validate, print (minutes)
     python bench/vllm_runs.py --write             # ... and write the fitted profile to the catalog
-    python bench/vllm_runs.py --quick             # a smoke run: 4 runs, short stages, a short fit
+    python bench/vllm_runs.py --quick             # a smoke run: 5 runs, short stages, a short fit
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from calibrate.engine_fit import cross_validate, interval_coverage
+from calibrate.engine_fit import MIN_FIT_S, cross_validate, interval_coverage
 from calibrate.real_runs import METRICS, read_runs
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
 
@@ -49,7 +49,8 @@ def main() -> None:
     started = time.perf_counter()
     base = load_engine(DEFAULT_GPU_ENGINE)
     result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, args.evaluations,
-                            progress=lambda text: print("  ..", text, flush=True))
+                            progress=lambda text: print("  ..", text, flush=True),
+                            min_fit_s=0.0 if args.quick else MIN_FIT_S)
     print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
           f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")
     print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))

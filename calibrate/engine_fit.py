@@ -1,16 +1,19 @@
 """Fitting a serving-engine profile on real runs, and judging it on runs it was not fitted on. No torch.
 
-The fitted parameters are few and each is one physical thing: per device with runs, the speed of
-its GEMMs and of its decode attention relative to the shipped curves; for the engine, its host
-time per step and per scheduled sequence, and the latency a request spends outside the engine's
-steps (API server, tokenization, streaming). Everything else in the profile (CUDA graphs, the
+The fitted parameters are few and each is one physical thing. For the engine, on every device: its
+host time per step, the latency a request spends outside the engine's steps (API server,
+tokenization, streaming), how many steps late a sampled token reaches the client, and the speed
+of its all-reduces, elementwise kernels and MoE experts relative to the cited collective figures
+and the shipped curves (in situ, under its fusions). Per device with runs: the speed of its GEMMs
+and of its decode attention relative to the shipped curves (a device without runs keeps them). Everything else in the profile (CUDA graphs, the
 all-reduce algorithms) is fixed from public sources. The fit minimises the squared log errors of
 the E2E mean, TTFT mean and TPOT of the unsaturated runs, each run simulated in full through the
 engine's scheduler (stages shortened by time_scale).
 
 Cross-validation refits without the held-out runs by one Gauss-Newton step from the full fit on
-the remaining runs' residuals and Jacobian (the fit's own linearisation; one step from the
-optimum), then simulates each held-out run at its own refitted parameters: leave one run out, and
+the remaining runs' residuals and Jacobian, weighted as the robust loss weighs them (the fit's
+own linearisation; one step from the optimum), then simulates each held-out run at its own
+refitted parameters: leave one run out, and
 leave one model out (every run of the model held out together).
 """
 
@@ -29,12 +32,18 @@ from simulator.catalog.engines import EngineProfile
 from simulator.cost.model import CostModel
 
 FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
-SHARED = ("step_ms", "step_per_seq_us", "request_ms")  # in units that make finite differences sane
-SHARED_START, SHARED_BOUNDS = (0.2, 5.0, 15.0), ((0.0, 20.0), (0.0, 200.0), (0.0, 500.0))
-DEVICE = ("gemm", "attention_decode", "all_reduce")
-DEVICE_START, DEVICE_BOUNDS = (1.0, 1.0, 1.0), ((0.3, 3.0), (0.3, 3.0), (0.3, 10.0))
+# The engine's own terms, on every device (units that make finite differences sane), the last
+# ENGINE_SCALES of them operator families' speeds under the engine.
+SHARED = ("step_ms", "request_ms", "output_delay_steps", "all_reduce", "elementwise", "moe")
+SHARED_START = (1.5, 6.0, 1.0, 1.5, 0.6, 1.0)
+SHARED_BOUNDS = ((0.0, 20.0), (0.0, 500.0), (0.0, 4.0), (0.3, 10.0), (0.2, 3.0), (0.3, 3.0))
+ENGINE_SCALES = 3
+# Per device with runs: its own speeds.
+DEVICE = ("gemm", "attention_decode")
+DEVICE_START, DEVICE_BOUNDS = (0.8, 1.0), ((0.3, 3.0), (0.3, 3.0))
 # Shortened for the fit, a run still spans this many seconds (its steady state, not its ramp-up).
 MIN_FIT_S = 300.0
+DIFF_STEP, F_SCALE = 0.05, 0.05  # finite-difference step (relative); where the robust loss turns linear
 # A run that could not serve every request is off the scale: its residuals count as this factor.
 OFF_SCALE = math.log(100.0)
 
@@ -54,18 +63,21 @@ def parameter_names(devices: Sequence[str]) -> tuple[str, ...]:
 
 
 def profile_at(base: EngineProfile, devices: Sequence[str], theta: Sequence[float]) -> EngineProfile:
-    step_ms, per_seq_us, request_ms = theta[:3]
+    step_ms, request_ms, delay_steps = theta[:3]
+    engine_scales = {**base.scales, **{name: float(v) for name, v in
+                                       zip(SHARED[-ENGINE_SCALES:], theta[len(SHARED) - ENGINE_SCALES:len(SHARED)])}}
     scales = dict(base.device_scales)
     for i, device in enumerate(devices):
         start = len(SHARED) + len(DEVICE) * i
         scales[device] = {name: float(v) for name, v in zip(DEVICE, theta[start:start + len(DEVICE)])}
-    framework = {**base.framework, "step_s": step_ms * 1e-3, "step_per_chunk_s": per_seq_us * 1e-6}
-    return replace(base, framework=framework, request_s=request_ms * 1e-3, device_scales=scales)
+    framework = {**base.framework, "step_s": step_ms * 1e-3}
+    return replace(base, framework=framework, request_s=request_ms * 1e-3, output_delay_steps=float(delay_steps),
+                   scales=engine_scales, device_scales=scales)
 
 
-def fit_scale(run: RealRun, time_scale: float) -> float:
-    """time_scale, or more for a short run, so that it spans at least MIN_FIT_S seconds."""
-    return min(1.0, max(time_scale, MIN_FIT_S / sum(seconds for _, seconds in run.preset.stages)))
+def fit_scale(run: RealRun, time_scale: float, min_s: float = MIN_FIT_S) -> float:
+    """time_scale, or more for a short run, so that it spans at least min_s seconds."""
+    return min(1.0, max(time_scale, min_s / sum(seconds for _, seconds in run.preset.stages)))
 
 
 def predict(profile: EngineProfile, run: RealRun, time_scale: float) -> Replayed:
@@ -86,7 +98,8 @@ def log_residuals(replayed: Replayed, metrics: Sequence[str] = FIT_METRICS) -> l
 
 
 def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float = 0.1,
-               max_evaluations: int = 40, progress: Callable[[str], None] | None = None) -> tuple[
+               max_evaluations: int = 40, progress: Callable[[str], None] | None = None,
+               min_s: float = MIN_FIT_S) -> tuple[
                    EngineProfile, np.ndarray, np.ndarray, tuple[str, ...]]:
     """Least squares over the unsaturated runs: (profile, theta, Jacobian rows per run stacked, names)."""
     fitting = [r for r in runs if not r.saturated]
@@ -102,45 +115,65 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
     def residuals(theta: np.ndarray) -> np.ndarray:
         calls[0] += 1
         profile = profile_at(base, devices, theta)
-        r = [x for run in fitting for x in log_residuals(predict(profile, run, fit_scale(run, time_scale)))]
+        r = [x for run in fitting for x in log_residuals(predict(profile, run, fit_scale(run, time_scale, min_s)))]
         if progress is not None:
             progress(f"fit evaluation {calls[0]}: rms log error {float(np.sqrt(np.mean(np.square(r)))):.3f}")
         return np.array(r)
 
     # max_nfev counts the steps' evaluations, not the Jacobians' (one per parameter each step).
-    result = least_squares(residuals, x0, bounds=(lower, upper), diff_step=0.05, ftol=1e-3, xtol=1e-3,
-                           max_nfev=max(1, max_evaluations // (len(x0) + 1)),
-                           x_scale=np.array([0.5, 5.0, 10.0, *(0.1,) * len(DEVICE) * len(devices)]))
-    return profile_at(base, devices, result.x), result.x, result.jac, names
+    # A robust loss (soft L1 past 5 % log error): the targets are median errors, and one odd run
+    # (an offloading or a nearly saturated one) must not pull every other run off.
+    result = least_squares(residuals, x0, bounds=(lower, upper), diff_step=DIFF_STEP, ftol=1e-3, xtol=1e-3,
+                           max_nfev=max(1, max_evaluations // (len(x0) + 1)), loss="soft_l1", f_scale=F_SCALE,
+                           x_scale=np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, *(0.1,) * len(DEVICE) * len(devices)]))
+    # The plain Jacobian at the solution (least_squares returns one scaled by the robust loss).
+    jac = np.empty((len(result.fun), len(x0)))
+    for j in range(len(x0)):
+        h = DIFF_STEP * max(1.0, abs(result.x[j]))
+        h = h if result.x[j] + h <= upper[j] else -h
+        moved = result.x.copy()
+        moved[j] += h
+        jac[:, j] = (residuals(moved) - result.fun) / h
+    return profile_at(base, devices, result.x), result.x, jac, names
 
 
 def refit_without(theta: np.ndarray, jac: np.ndarray, resid: np.ndarray, drop_rows: np.ndarray,
-                  bounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """One Gauss-Newton step from theta on the rows kept (the held-out rows dropped), within bounds."""
+                  bounds: tuple[np.ndarray, np.ndarray], start: np.ndarray) -> np.ndarray:
+    """One Gauss-Newton step from theta on the rows kept (the held-out rows dropped), within bounds.
+    A parameter no kept row depends on (say the MoE scale with every MoE run held out) learnt its
+    value from the held-out runs alone: it goes back to its starting value."""
     keep = ~drop_rows
-    step, *_ = np.linalg.lstsq(jac[keep], -resid[keep], rcond=None)
-    return np.clip(theta + step, bounds[0], bounds[1])
+    blind = np.linalg.norm(jac[keep], axis=0) < 1e-9
+    # Rows weighted as the fit's robust loss weighs them at the solution (soft L1: 1/sqrt(1 + (r/f)^2)).
+    w = np.sqrt(1.0 / np.sqrt(1.0 + (resid[keep] / F_SCALE) ** 2))
+    step = np.zeros_like(theta)
+    if (~blind).any():
+        step[~blind], *_ = np.linalg.lstsq(jac[keep][:, ~blind] * w[:, None], -resid[keep] * w, rcond=None)
+    out = np.clip(theta + step, bounds[0], bounds[1])
+    out[blind] = start[blind]
+    return out
 
 
 def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
                    time_scale: float = 1.0, max_evaluations: int = 40,
-                   progress: Callable[[str], None] | None = None) -> FitResult:
+                   progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S) -> FitResult:
     """The fit on every run, its in-sample predictions, and leave-one-run-out and
     leave-one-model-out predictions, each run simulated at time_scale."""
-    profile, theta, jac, names = fit_engine(base, runs, fit_time_scale, max_evaluations, progress)
+    profile, theta, jac, names = fit_engine(base, runs, fit_time_scale, max_evaluations, progress, min_fit_s)
     fitting = [r for r in runs if not r.saturated]
     devices = sorted({r.hardware for r in fitting})
     bounds = (np.array([b[0] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]),
               np.array([b[1] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]))
+    start = np.array([*SHARED_START, *DEVICE_START * len(devices)])
     fitted_profile = profile_at(base, devices, theta)
-    short = [predict(fitted_profile, r, fit_scale(r, fit_time_scale)) for r in fitting]
+    short = [predict(fitted_profile, r, fit_scale(r, fit_time_scale, min_fit_s)) for r in fitting]
     resid = np.array([x for rep in short for x in log_residuals(rep)])
     owner = np.array([i for i, rep in enumerate(short) for _ in log_residuals(rep)])
 
     def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
         out = {}
         for n, (name, members) in enumerate(groups.items(), 1):
-            theta_out = refit_without(theta, jac, resid, np.isin(owner, members), bounds)
+            theta_out = refit_without(theta, jac, resid, np.isin(owner, members), bounds, start)
             for i in members:
                 out[i] = predict(profile_at(base, devices, theta_out), fitting[i], time_scale)
             if progress is not None:

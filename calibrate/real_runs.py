@@ -5,8 +5,11 @@ No torch.
 A run's workload is an inference-perf shared-prefix preset (N system prompts x M users, each user
 sending one fixed prompt, constant-rate stages, forced output lengths: simulator/workload/synthetic.py
 builds it from `RealRun.spec`). Presets come from a table with a `Workload` and a `Stages` column
-(the runs file's own preset table); a run's own observed prompt and output means replace the
-preset's where its table has them.
+(the runs file's own preset table); a run's own observed prompt mean replaces the preset's where
+its table has it. Requests generate the preset's forced output (ignore_eos with max_tokens makes
+vLLM generate exactly that many); the measured output mean -- the table's, or what its derived TPOT
+implies -- is only the divisor of the derived TPOT, as in the runs file, since the client counts
+the streamed text's tokens and can count fewer (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class RealRun:
     preset: Preset
     measured: dict[str, float]  # METRICS present in the table, ms
     prompt_mean: float  # tokens per prompt, template included
-    output_mean: float  # forced output tokens
+    output_tokens: int  # what every request was made to generate (the preset's forced output_len)
+    output_mean: float  # output tokens per request: the table's mean, else what its derived TPOT implies
     kv_offload: bool = False
     source: str = ""
     notes: tuple[str, ...] = field(default=())
@@ -70,7 +74,7 @@ class RealRun:
         stages = "+".join(f"{rate:g}x{seconds * time_scale:g}" for rate, seconds in p.stages)
         question = max(1, round(self.prompt_mean - p.prefix_len))
         return (f"synthetic:prefixes={p.prefixes},users={p.users},prefix_len={p.prefix_len},input={question},"
-                f"output={max(1, round(self.output_mean))},arrival=constant,stages={stages}")
+                f"output={self.output_tokens},arrival=constant,stages={stages}")
 
     @property
     def family(self) -> str:
@@ -203,7 +207,10 @@ def _run(row: dict[str, str], where: str, presets: dict[str, Preset], hardware: 
         raise RunsError(f"{where}: a run needs its measured E2E and TTFT means")
     prompt_mean = _number(_cell(row, "prompt len mean") or "") or preset.prompt_mean \
         or preset.prefix_len + preset.question_len
-    output_mean = _number(_cell(row, "output len mean") or "") or preset.output_len
+    output_mean = _number(_cell(row, "output len mean") or "")
+    if output_mean is None and "tpot" in measured:  # the derived TPOT's own definition gives it back
+        output_mean = (measured["e2e_mean"] - measured["ttft_mean"]) / measured["tpot"] + 1.0
+    output_mean = output_mean or preset.output_len
     gpu_mem = _cell(row, "gpu-mem") or "0.9"
     run_at = re.search(r"run at (\d\.\d+)", gpu_mem)  # the manifest's notes override its value
     precision = (_cell(row, "prec") or "").lower()
@@ -212,6 +219,7 @@ def _run(row: dict[str, str], where: str, presets: dict[str, Preset], hardware: 
         hardware=_cell(row, "hardware") or hardware, tp=int(tp), quant="fp8" if "fp8" in precision else "bf16",
         max_num_batched_tokens=int(_number(_cell(row, "mbt") or "") or mbt),
         gpu_memory_utilization=float(run_at.group(1)) if run_at else float(_number(gpu_mem) or 0.9),
-        preset=preset, measured=measured, prompt_mean=float(prompt_mean), output_mean=float(output_mean),
+        preset=preset, measured=measured, prompt_mean=float(prompt_mean), output_tokens=preset.output_len or
+        round(output_mean), output_mean=float(output_mean),
         kv_offload=(_cell(row, "kv offload") or "").lower().startswith("yes"), source=where,
         notes=tuple(n for n in [_cell(row, "folder")] if n))

@@ -40,16 +40,15 @@ def run_config(run: RealRun, engine: str | None = None, engine_file: str | None 
 
 def replay(run: RealRun, cost_model: CostModel, time_scale: float = 1.0, config: SimConfig | None = None) -> Replayed:
     """Simulate the run (its stages shortened by time_scale) on cost_model; figures in ms, TPOT
-    derived as the runs file derives it: (E2E mean - TTFT mean) / (output mean - 1)."""
+    derived as the runs file derives it: (E2E mean - TTFT mean) / (measured output mean - 1)."""
     config = config or run_config(run)
     result = simulate(config, load_workload(run.spec(time_scale), seed=config.seed), cost_model=cost_model)
     s = result.summary
     e2e, ttft = s["e2e_s"], s["ttft_s"]
-    out = float(result.requests["output_tokens"].mean()) if "output_tokens" in result.requests else run.output_mean
     predicted = {"e2e_mean": e2e["mean"], "e2e_p90": e2e["p90"], "e2e_p99": e2e["p99"],
                  "ttft_mean": ttft["mean"], "ttft_p90": ttft["p90"], "ttft_p99": ttft["p99"]}
     predicted = {k: v * 1e3 for k, v in predicted.items()}
-    predicted["tpot"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(out - 1.0, 1.0)
+    predicted["tpot"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(run.output_mean - 1.0, 1.0)
     if s["num_finished"] < s["num_requests"]:  # requests that could never run: the run did not keep up
         predicted = {k: (math.inf if k.startswith("ttft") else v) for k, v in predicted.items()}
     return Replayed(run, predicted)

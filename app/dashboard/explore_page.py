@@ -6,7 +6,7 @@ import streamlit as st
 
 from app.common import dumps
 from app.dashboard.widgets import fleet_input, simulate_fleet, trace_input
-from app.html_report import latency_cdfs, time_split_figure, timeseries_figure, ttft_vs_prompt
+from app.html_report import intervals_figure, latency_cdfs, time_split_figure, timeseries_figure, ttft_vs_prompt
 
 
 def main() -> None:
@@ -26,6 +26,9 @@ def main() -> None:
     c4.metric("E2E p99", f"{s['e2e_s']['p99']:,.2f} s")
     cost = s["cost"]["usd_per_million_output_tokens"]
     c5.metric("$ / M output tokens", "-" if cost is None else f"${cost:,.2f}")
+    intervals = intervals_figure(s)
+    if intervals is not None:
+        st.plotly_chart(intervals, key="intervals")
     st.plotly_chart(latency_cdfs(result.requests), key="cdfs")
     st.plotly_chart(time_split_figure(s), key="split")
     st.plotly_chart(ttft_vs_prompt(result.requests), key="scatter")

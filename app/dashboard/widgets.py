@@ -42,16 +42,21 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
     from app.plan_command import priced_gpus
     from simulator.catalog.models import catalog_model_ids
 
+    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, engine_ids
+
     d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "replicas": 1, **(defaults or {})}
-    gpus, models = priced_gpus(), catalog_model_ids()
-    c1, c2, c3, c4, c5, c6 = st.columns(6)
+    gpus, models, engines = priced_gpus(), catalog_model_ids(), engine_ids()
+    c1, c2, c3, c4, c5, c6, c7 = st.columns(7)
     return {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
             "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
             "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
                                   index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant"),
             "tp": c4.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(d["tp"]), key=f"{key}_tp"),
             "replicas": int(c5.number_input("Replicas", 1, 512, d["replicas"], key=f"{key}_replicas")),
-            "expert_parallel": c6.checkbox("EP", False, key=f"{key}_ep",
+            "engine": c6.selectbox("Engine", engines, index=engines.index(DEFAULT_GPU_ENGINE), key=f"{key}_engine",
+                                   help="the serving engine whose overheads the step times carry (vllm-v0.15 is "
+                                        "fitted on real vLLM runs and gives 80 % intervals; servecast: kernels alone)"),
+            "expert_parallel": c7.checkbox("EP", False, key=f"{key}_ep",
                                            help="mixture-of-experts models under TP: whole experts per rank")}
 
 

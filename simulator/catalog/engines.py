@@ -6,8 +6,11 @@ A profile names
   token count padded up to the next size and no per-kernel launch cost (the curves' t0);
 - its all-reduce algorithms: a custom kernel over NVLink for small messages (one-shot below a
   size that depends on the world size, two-shot above, NCCL past max_bytes) and NCCL otherwise;
-- its host terms per step (simulator/cost/host.py FRAMEWORK_TERMS) and its per-request latency
-  outside the engine's steps (API server, tokenization, streaming);
+- its host terms per step (simulator/cost/host.py FRAMEWORK_TERMS), its per-request latency
+  outside the engine's steps (API server, tokenization, streaming) and how many steps late a
+  sampled token reaches the client;
+- its operator families' speed relative to the shipped curves (its fusions, its kernels in situ),
+  and per device with runs, that device's own GEMM and attention speed;
 - what it was fitted on, its cross-validated errors and residuals (for prediction intervals).
 
 `servecast` names this project's own engine: no additions (a profiled device's fit carries its
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ENGINES_DIR = Path(__file__).with_name("engines")
@@ -59,7 +62,14 @@ class EngineProfile:
     custom_all_reduce: CustomAllReduce | None = None
     framework: dict[str, float] = field(default_factory=dict)
     request_s: float = 0.0
-    # Device id -> operator family -> speed relative to the shipped curves, fitted on that device's runs.
+    # A sampled token reaches the client this many step times after its step ends (vLLM V1's
+    # asynchronous scheduling and output processing): on TTFT and E2E, not on TPOT.
+    output_delay_steps: float = 0.0
+    # Operator family -> speed relative to the shipped curves and cited collective figures under this
+    # engine (its fusions, its kernels in situ), on every device: elementwise, all_reduce, moe.
+    scales: dict[str, float] = field(default_factory=dict)
+    # Device id -> operator family -> the device's own speed (gemm, attention_decode), fitted on that
+    # device's runs; a device without runs keeps its curves.
     device_scales: dict[str, dict[str, float]] = field(default_factory=dict)
     fitted_on: str = ""
     errors: dict = field(default_factory=dict)
@@ -69,7 +79,7 @@ class EngineProfile:
     @property
     def adds_nothing(self) -> bool:
         return not (self.graph_sizes or self.nccl or self.custom_all_reduce or self.framework or self.request_s
-                    or self.device_scales)
+                    or self.scales or self.device_scales or self.output_delay_steps)
 
     def graph_sizes_for(self, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
         """The capture sizes a server of these limits captures: up to min(2 x max_num_seqs, the
@@ -88,6 +98,19 @@ class EngineProfile:
         lo, hi = (_quantile(residuals, q) for q in INTERVAL)
         return value * math.exp(lo), value * math.exp(hi)
 
+    def slow_end(self) -> "EngineProfile | None":
+        """The profile at its intervals' slow end: step times (operators and host terms) slower by
+        the upper quantile of the TPOT residuals, request latency by that of the TTFT residuals.
+        None without residuals."""
+        if len(self.residuals.get("tpot", [])) < 3:
+            return None
+        step = math.exp(max(0.0, _quantile(sorted(self.residuals["tpot"]), INTERVAL[1])))
+        ttft = sorted(self.residuals.get("ttft_mean", [0.0]))
+        request = math.exp(max(0.0, _quantile(ttft, INTERVAL[1])))
+        framework = {k: v * step if k.startswith(("step", "layer")) else v for k, v in self.framework.items()}
+        framework["operator_scale"] = self.framework.get("operator_scale", 1.0) * step
+        return replace(self, id=f"{self.id} (slow end)", framework=framework, request_s=self.request_s * request)
+
     # -- reading and writing ------------------------------------------------------------------
     def to_dict(self) -> dict:
         def collective(c: Collective | None):
@@ -100,7 +123,9 @@ class EngineProfile:
                     "max_bytes": custom.max_bytes, "worlds": list(custom.worlds),
                     "one_shot_below": {str(k): v for k, v in custom.one_shot_below.items()},
                     "one_shot": collective(custom.one_shot), "two_shot": collective(custom.two_shot)},
-                "framework": self.framework, "request_s": self.request_s, "device_scales": self.device_scales,
+                "framework": self.framework, "request_s": self.request_s,
+                "output_delay_steps": self.output_delay_steps, "scales": self.scales,
+                "device_scales": self.device_scales,
                 "fitted_on": self.fitted_on,
                 "errors": self.errors, "residuals": self.residuals, "sources": self.sources}
 
@@ -121,6 +146,8 @@ class EngineProfile:
                     tuple(int(w) for w in custom.get("worlds", (2, 4, 6, 8)))),
                 framework={k: float(v) for k, v in raw.get("framework", {}).items()},
                 request_s=float(raw.get("request_s", 0.0)),
+                output_delay_steps=float(raw.get("output_delay_steps", 0.0)),
+                scales={k: float(v) for k, v in raw.get("scales", {}).items()},
                 device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
                 fitted_on=str(raw.get("fitted_on", "")),
                 errors=dict(raw.get("errors", {})),

@@ -65,8 +65,8 @@ class CostModel:
         # The serving engine whose additions this model carries (use_engine); None: kernels alone.
         self.engine: EngineProfile | None = None
         self.graph_sizes: tuple[int, ...] = ()  # the engine's CUDA-graph sizes for this server's limits
-        # Operator family (gemm, attention_decode, ...) -> this device's speed relative to its
-        # curves, fitted on real runs of the device (an engine profile's device_scales).
+        # Operator family (gemm, attention_decode, ...) -> its speed relative to the curves under the
+        # engine on this device, fitted on real runs (an engine profile's scales and device_scales).
         self.scales: dict[str, float] = {}
 
     # -- construction -------------------------------------------------------------------------
@@ -131,7 +131,7 @@ class CostModel:
         self.graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
         if self.graph_sizes:
             self.curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()}
-        self.scales = dict(engine.device_scales.get(self.accelerator.id, {}))
+        self.scales = {**engine.scales, **engine.device_scales.get(self.accelerator.id, {})}
         if engine.framework:
             self.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
                               **engine.framework}
@@ -222,16 +222,18 @@ class CostModel:
         return self._series.keys()
 
     def modeled(self, curve_name: str, dtype: str, work: Callable[[int], tuple[float, float]],
-                provenance: str | None = None, expected_error: float | None = None) -> Modeled:
+                provenance: str | None = None, expected_error: float | None = None,
+                family: str | None = None) -> Modeled:
         """Roofline x efficiency on the curve serving `curve_name`: fitted on this device's profile
-        where there is one, else the shipped extrapolation."""
+        where there is one, else the shipped extrapolation; times the device's scale of its
+        operator family (the curve name's first part unless given: cm.scales)."""
         used = self.curve_used(curve_name)
         if provenance is None:
             provenance = "fitted" if self.profile is not None else "extrapolated"
         if expected_error is None:
             expected_error = self.expected_error(provenance, curve_name)
         return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name),
-                       work, provenance, expected_error, self.scales.get(curve_name.split(":")[0], 1.0))
+                       work, provenance, expected_error, self.scales.get(family or curve_name.split(":")[0], 1.0))
 
     # -- operators ----------------------------------------------------------------------------
     def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None,

@@ -240,7 +240,7 @@ def moe_experts_prediction(cm: "CostModel", rows_per_expert: float, active: floa
     for name, (n, k) in (("gate_up_proj", (2 * ffn, hidden)), ("down_proj", (hidden, ffn))):
         flops = 2.0 * total_rows * n * k
         nbytes = active * n * k * weight_bytes + total_rows * (n + k) * element
-        t += cm.modeled(curve_key("gemm", name), dtype, lambda _: (flops, nbytes)).time(0)
+        t += cm.modeled(curve_key("gemm", name), dtype, lambda _: (flops, nbytes), family="moe").time(0)
     t += cm.predict_elementwise("swiglu", max(1, round(total_rows)), ffn, dtype).time_s
     return Prediction(t, "extrapolated", cm.unvalidated_error)
 

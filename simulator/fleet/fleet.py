@@ -107,8 +107,9 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     recorder = Recorder()
     recorder.watch = watch
     speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
+    delay = cost_model.engine.output_delay_steps if cost_model.engine is not None else 0.0
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
-                        speculation(i) if speculation else None, block_keys) for i in replica_indices]
+                        speculation(i) if speculation else None, block_keys, delay) for i in replica_indices]
     router = Router(config.router, replicas)
     if on_done is not None:
         recorder.on_progress(on_done, every=max(1, len(requests) // 200))

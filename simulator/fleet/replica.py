@@ -70,8 +70,12 @@ class Replica:
     def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
                  recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
                  bulk_decodes: bool = True, speculation: Speculation | None = None,
-                 block_keys: BlockKeys | None = None) -> None:
+                 block_keys: BlockKeys | None = None, output_delay_steps: float = 0.0) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
+        # A sampled token reaches the client this many step times after its step ends (the serving
+        # engine's output pipeline: EngineProfile.output_delay_steps); the client's first-token and
+        # finish times carry it, the scheduler does not wait for it.
+        self.output_delay_steps = output_delay_steps
         # Exact prefix-cache keys for the block pool, when it is an ExactKeyBlockPool (block_pool.py).
         self.block_keys = block_keys
         self.speculation = speculation  # simulator/fleet/speculation.py, when speculative decoding is on
@@ -172,7 +176,7 @@ class Replica:
                 if now > self.clock.next_arrival_s:
                     # This step spans an arrival: let SimPy deliver it at its time.
                     yield env.timeout(now - env.now)
-                self._apply(engine, out, now, sampled, accepted)
+                self._apply(engine, out, now, sampled, accepted, step_s)
                 if (self.bulk_decodes and timer.times_steady_runs and isinstance(scheduler, Scheduler)
                         and scheduler.only_decodes_next()):
                     now = yield from self._steady_runs(engine, now)
@@ -228,12 +232,13 @@ class Replica:
             run.commit(taken)
             engine.previous_tokens = batch
             times = ends[:taken]
+            last_step_s = times[-1] - (times[-2] if taken > 1 else now)
             finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
             self.busy_s += times[-1] - now
             self.output_tokens += taken * batch
             now = times[-1]
             for done in finished:
-                self._retire(engine, done.request_id)
+                self._retire(engine, done.request_id, last_step_s)
             if now >= self._next_sample_s:
                 self._next_sample_s = now + self.sample_every_s
                 self._sample(now, batch)
@@ -245,9 +250,9 @@ class Replica:
                 return now  # the blocks freed admit a waiting request: a scheduler step
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
-               accepted: dict | None = None) -> None:
+               accepted: dict | None = None, step_s: float = 0.0) -> None:
         finished = engine.scheduler.update(out, self._sampled, now, accepted)
-        if self.recorder.watch is not None:
+        if self.recorder.watch is not None or self.output_delay_steps:
             # First tokens come from prompt chunks (steady decode runs never make one); told before
             # the finished retire, so a one-token request is told of its first token too.
             sequences = engine.sequences
@@ -255,17 +260,21 @@ class Replica:
                 if chunk.is_prefill and chunk.samples:
                     seq = sequences[chunk.request_id]
                     if seq.first_token_time == now:
-                        self.recorder.first_token(seq)
+                        seq.first_token_time += self.output_delay_steps * step_s
+                        if self.recorder.watch is not None:
+                            self.recorder.first_token(seq)
         self.output_tokens += sampled
         for f in finished:
-            self._retire(engine, f.request_id)
+            self._retire(engine, f.request_id, step_s)
         if now >= self._next_sample_s:
             self._next_sample_s = now + self.sample_every_s
             self._sample(now, out.num_batched_tokens)
 
-    def _retire(self, engine: _VirtualEngine, request_id: str) -> None:
-        """Book a request the scheduler has finished."""
+    def _retire(self, engine: _VirtualEngine, request_id: str, step_s: float = 0.0) -> None:
+        """Book a request the scheduler has finished (in a step of step_s seconds)."""
         seq = engine.sequences.pop(request_id)
+        if self.output_delay_steps:
+            seq.finish_time += self.output_delay_steps * step_s
         if self.speculation is not None:
             self.speculation.forget(request_id)
         del self._sampled[request_id]

@@ -80,6 +80,8 @@ class CandidateResult:
     tpot_p99_s: float | None = None
     e2e_p99_s: float | None = None
     headroom: float | None = None
+    # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
+    replicas_slow_end: int | None = None
     simulations: int = 0
 
     def row(self) -> dict:
@@ -130,25 +132,16 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
             result.simulations += 1
         return meets(summaries[replicas])
 
-    failing, replicas = 0, 1
-    while not holds(replicas):
-        failing = replicas
-        if replicas >= spec.max_replicas:
-            slo = summaries[replicas]["slo"]
-            at_least = "at least " if "stopped_early" in summaries[replicas] else ""
-            missed = ", ".join(f"{k} {at_least}{slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
-                               for k, v in slo["targets"].items() if not slo["met"].get(k, False))
-            rejected = summaries[replicas]["num_rejected"]
-            result.reason = (f"misses the SLOs even with {replicas} replicas ("
-                             + (missed or f"{rejected} requests rejected") + ")")
-            return result
-        replicas = min(2 * replicas, spec.max_replicas)
-    while replicas - failing > 1:  # holds at `replicas`, fails at `failing`
-        middle = (failing + replicas) // 2
-        if holds(middle):
-            replicas = middle
-        else:
-            failing = middle
+    replicas = fewest_replicas(holds, 1, spec.max_replicas)
+    if replicas is None:
+        slo = summaries[spec.max_replicas]["slo"]
+        at_least = "at least " if "stopped_early" in summaries[spec.max_replicas] else ""
+        missed = ", ".join(f"{k} {at_least}{slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
+                           for k, v in slo["targets"].items() if not slo["met"].get(k, False))
+        rejected = summaries[spec.max_replicas]["num_rejected"]
+        result.reason = (f"misses the SLOs even with {spec.max_replicas} replicas ("
+                         + (missed or f"{rejected} requests rejected") + ")")
+        return result
     summary = summaries[replicas]
     cost = summary["cost"]
     result.feasible, result.replicas = True, replicas
@@ -158,9 +151,38 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.ttft_p99_s = summary["ttft_s"]["p99"]
     result.tpot_p99_s = summary["tpot_s"]["p99"]
     result.e2e_p99_s = summary["e2e_s"]["p99"]
+    slow = cost_model.engine.slow_end() if cost_model.engine is not None else None
+    if slow is not None:  # the same search on step times at the interval's slow end, from here up
+        slow_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+        slow_model.use_engine(slow, config.max_num_seqs, config.max_num_batched_tokens)
+        slow_runs: dict[int, bool] = {}
+
+        def holds_slow(n: int) -> bool:
+            if n not in slow_runs:
+                slow_runs[n] = meets(run(spec.config(candidate, n), workload, slow_model))
+                result.simulations += 1
+            return slow_runs[n]
+        result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
     if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
         result.headroom = rate_scale * _headroom(spec, candidate, replicas, workload, run, result, cost_model)
     return result
+
+
+def fewest_replicas(holds: Callable[[int], bool], start: int, most: int) -> int | None:
+    """The fewest replicas from `start` up to `most` for which holds() (more never hurt): doubling
+    from start until it holds, then bisecting; None if it fails even at `most`."""
+    failing, replicas = start - 1, start
+    while not holds(replicas):
+        if replicas >= most:
+            return None
+        failing, replicas = replicas, min(2 * replicas, most)
+    while replicas - failing > 1:  # holds at `replicas`, fails at `failing`
+        middle = (failing + replicas) // 2
+        if holds(middle):
+            replicas = middle
+        else:
+            failing = middle
+    return replicas
 
 
 def _headroom(spec: PlanSpec, candidate: Candidate, replicas: int, workload: Workload, run: Simulate,

@@ -23,8 +23,8 @@ TABLES = """
 
 | ID | HF model | TP | Prec | mbt | gpu-mem | Workload | E2E mean | E2E p90 | E2E p99 | TTFT mean | TTFT p90 | TTFT p99 | TPOT mean |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| a | `Qwen/Qwen2.5-7B-Instruct` | 1 | FP16 | 1024 | 0.9 (notes: run at 0.75) | chat | 1,200 | 1,300 | 1,400 | 30.5 | 40 | 50 | 6.0 |
-| b | `meta-llama/Llama-3.1-8B-Instruct` | 2 | FP16 | 2048 | 0.9 | chat-lite | 900 | 950 | 990 | 25 | 30 | 35 | 5.0 |
+| a | `Qwen/Qwen2.5-7B-Instruct` | 1 | FP16 | 1024 | 0.9 (notes: run at 0.75) | chat | 140 | 150 | 160 | 30.5 | 40 | 50 | 5.76 |
+| b | `meta-llama/Llama-3.1-8B-Instruct` | 2 | FP16 | 2048 | 0.9 | chat-lite | 120 | 125 | 130 | 25 | 30 | 35 | 5.0 |
 """
 
 
@@ -34,8 +34,9 @@ def test_runs_tables_are_read_with_their_presets(tmp_path) -> None:
     a, b = read_runs(path, hardware="a100-80gb")
     assert (a.model, a.tp, a.max_num_batched_tokens, a.gpu_memory_utilization, a.hardware) == \
         ("qwen2.5-7b", 1, 1024, 0.75, "a100-80gb")
-    assert a.measured == {"e2e_mean": 1200, "e2e_p90": 1300, "e2e_p99": 1400, "ttft_mean": 30.5, "ttft_p90": 40,
-                          "ttft_p99": 50, "tpot": 6.0}
+    assert a.measured == {"e2e_mean": 140, "e2e_p90": 150, "e2e_p99": 160, "ttft_mean": 30.5, "ttft_p90": 40,
+                          "ttft_p99": 50, "tpot": 5.76}
+    assert a.output_tokens == 20 and a.output_mean == pytest.approx((140 - 30.5) / 5.76 + 1)
     assert a.prompt_mean == 181 and b.prompt_mean == 181  # the lite preset takes its base's observed length
     w = load_workload(a.spec())
     assert len(w) == 2 * 60 + 4 * 30 and {r.prompt_tokens for r in w} == {181} and {r.output_tokens for r in w} == {20}
@@ -79,7 +80,7 @@ def test_fit_lowers_the_error_and_cross_validates(tmp_path) -> None:
     path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048"))
     runs = read_runs(path, hardware="h100-sxm")
     base = load_engine(DEFAULT_GPU_ENGINE)
-    result = cross_validate(base, runs, fit_time_scale=0.25, time_scale=0.25, max_evaluations=12)
+    result = cross_validate(base, runs, fit_time_scale=0.25, time_scale=0.25, max_evaluations=20, min_fit_s=0.0)
     start = summary_errors([Replayed(r, p.predicted) for r, p in zip(runs, result.in_sample)])
     assert result.profile.errors["in_sample"] == start
     assert len(result.leave_one_run_out) == len(runs) == len(result.leave_one_model_out)

@@ -107,3 +107,16 @@ def test_simulate_defaults_to_vllm_on_catalog_gpus_and_names_it() -> None:
     assert default.summary["cost_model"]["engine"] == DEFAULT_GPU_ENGINE
     assert own.summary["cost_model"]["engine"] == OWN_ENGINE and own.summary["intervals"] == {}
     assert default.summary["e2e_s"]["mean"] != own.summary["e2e_s"]["mean"]
+
+
+def test_output_delay_adds_a_step_to_ttft_and_e2e_not_to_the_schedule() -> None:
+    spec = "synthetic:num=60,input=300,output=40,rate=8,arrival=constant"
+    base = replace(load_engine(DEFAULT_GPU_ENGINE), request_s=0.0, output_delay_steps=0.0)
+    config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm")
+    (a, b) = (simulate(config, load_workload(spec), engine_model(engine=replace(base, output_delay_steps=d),
+                                                                   max_num_seqs=256, mbt=8192)).requests
+              .set_index("request_id") for d in (0.0, 1.0))
+    added = b["ttft_s"] - a["ttft_s"]
+    assert (added > 0).all() and added.max() < 0.05  # one step, a few ms to tens of ms
+    assert (b["first_scheduled_s"] == a["first_scheduled_s"]).all()  # the scheduler did not wait for it
+    assert ((b["e2e_s"] - a["e2e_s"]) > 0).all()

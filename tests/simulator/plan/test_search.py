@@ -139,3 +139,18 @@ def test_the_ray_executor_gives_the_same_plan_as_local_processes(tmp_path) -> No
     assert len(study) == 3  # kept as they finished
     with pytest.raises(ValueError, match="use local or ray"):
         run_plan(spec(), candidates, executor="dask")
+
+
+def test_the_slow_end_of_the_interval_needs_at_least_as_many_replicas(tmp_path) -> None:
+    from dataclasses import replace
+
+    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
+
+    slow = replace(load_engine(DEFAULT_GPU_ENGINE), residuals={"tpot": [0.6] * 5, "ttft_mean": [0.6] * 5})
+    slow.save(tmp_path / "slow.json")
+    s = spec()
+    s = PlanSpec(s.model, s.workload, s.slo, max_replicas=64, knobs={"engine_file": str(tmp_path / "slow.json")})
+    result = plan_candidate(s, Candidate("a100-80gb"), rate_scale=2.0, headroom=False)
+    assert result.feasible and result.replicas_slow_end > result.replicas
+    none = PlanSpec(s.model, s.workload, s.slo, max_replicas=64, knobs={"engine": "servecast"})
+    assert plan_candidate(none, Candidate("a100-80gb"), rate_scale=2.0, headroom=False).replicas_slow_end is None
