@@ -10,10 +10,9 @@ all-reduce algorithms) is fixed from public sources. The fit minimises the squar
 the E2E mean, TTFT mean and TPOT of the unsaturated runs, each run simulated in full through the
 engine's scheduler (stages shortened by time_scale).
 
-Cross-validation refits without the held-out runs by one Gauss-Newton step from the full fit on
-the remaining runs' residuals and Jacobian, weighted as the robust loss weighs them (the fit's
-own linearisation; one step from the optimum), then simulates each held-out run at its own
-refitted parameters: leave one run out, and
+Cross-validation refits without the held-out runs -- a few trust-region steps from the full fit on
+the remaining runs' simulated residuals, under the same robust loss, the full fit's Jacobian rows
+giving the directions -- then simulates each held-out run at its own refitted parameters: leave one run out, and
 leave one model out (every run of the model held out together).
 """
 
@@ -44,6 +43,7 @@ DEVICE_START, DEVICE_BOUNDS = (0.8, 1.0), ((0.3, 3.0), (0.3, 3.0))
 # Shortened for the fit, a run still spans this many seconds (its steady state, not its ramp-up).
 MIN_FIT_S = 300.0
 DIFF_STEP, F_SCALE = 0.05, 0.05  # finite-difference step (relative); where the robust loss turns linear
+REFIT_STEPS = 3  # evaluations of a cross-validation refit (the first, at the full fit, is usually known)
 # A run that could not serve every request is off the scale: its residuals count as this factor.
 OFF_SCALE = math.log(100.0)
 
@@ -62,6 +62,21 @@ def parameter_names(devices: Sequence[str]) -> tuple[str, ...]:
     return (*SHARED, *(f"{d}:{p}" for d in devices for p in DEVICE))
 
 
+def theta_of(profile: EngineProfile, devices: Sequence[str]) -> np.ndarray:
+    """The parameter vector of a fitted profile (profile_at's inverse), starting values where it lacks one."""
+    start, _, _ = _bounds(devices)
+    out = start.copy()
+    out[:3] = (profile.framework.get("step_s", start[0] * 1e-3) * 1e3, profile.request_s * 1e3,
+               profile.output_delay_steps)
+    for k, name in enumerate(SHARED[-ENGINE_SCALES:]):
+        out[len(SHARED) - ENGINE_SCALES + k] = profile.scales.get(name, out[len(SHARED) - ENGINE_SCALES + k])
+    for i, device in enumerate(devices):
+        for k, name in enumerate(DEVICE):
+            j = len(SHARED) + len(DEVICE) * i + k
+            out[j] = profile.device_scales.get(device, {}).get(name, out[j])
+    return out
+
+
 def profile_at(base: EngineProfile, devices: Sequence[str], theta: Sequence[float]) -> EngineProfile:
     step_ms, request_ms, delay_steps = theta[:3]
     engine_scales = {**base.scales, **{name: float(v) for name, v in
@@ -70,7 +85,7 @@ def profile_at(base: EngineProfile, devices: Sequence[str], theta: Sequence[floa
     for i, device in enumerate(devices):
         start = len(SHARED) + len(DEVICE) * i
         scales[device] = {name: float(v) for name, v in zip(DEVICE, theta[start:start + len(DEVICE)])}
-    framework = {**base.framework, "step_s": step_ms * 1e-3}
+    framework = {"step_s": step_ms * 1e-3}  # the engine's host terms are the fit's alone
     return replace(base, framework=framework, request_s=request_ms * 1e-3, output_delay_steps=float(delay_steps),
                    scales=engine_scales, device_scales=scales)
 
@@ -97,35 +112,62 @@ def log_residuals(replayed: Replayed, metrics: Sequence[str] = FIT_METRICS) -> l
     return out
 
 
+def _bounds(devices: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, lower, upper) of the parameter vector for these devices."""
+    bounds = [*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices)]
+    return (np.array([*SHARED_START, *DEVICE_START * len(devices)]), np.array([b[0] for b in bounds]),
+            np.array([b[1] for b in bounds]))
+
+
+class _Objective:
+    """The fit's residuals over some runs (log errors of their FIT_METRICS, each run simulated at
+    its fit scale), remembered per parameter vector."""
+
+    def __init__(self, base: EngineProfile, runs: Sequence[RealRun], devices: Sequence[str], time_scale: float,
+                 min_s: float, progress: Callable[[str], None] | None = None, label: str = "fit") -> None:
+        self.base, self.runs, self.devices, self.time_scale, self.min_s = base, runs, devices, time_scale, min_s
+        self.progress, self.label, self.calls, self.seen = progress, label, 0, {}
+
+    def __call__(self, theta: np.ndarray) -> np.ndarray:
+        key = tuple(np.round(theta, 12))
+        if key not in self.seen:
+            self.calls += 1
+            profile = profile_at(self.base, self.devices, theta)
+            self.seen[key] = np.array([x for run in self.runs for x in log_residuals(
+                predict(profile, run, fit_scale(run, self.time_scale, self.min_s)))])
+            if self.progress is not None:
+                rms = float(np.sqrt(np.mean(np.square(self.seen[key]))))
+                self.progress(f"{self.label} evaluation {self.calls}: rms log error {rms:.3f}")
+        return self.seen[key]
+
+
+def _solve(objective: _Objective, x0: np.ndarray, lower: np.ndarray, upper: np.ndarray, max_steps: int,
+           jac=None):
+    """Bounded least squares under the robust loss (soft L1 past F_SCALE: the targets are median
+    errors, and one odd run -- an offloading or a nearly saturated one -- must not pull every other
+    run off); jac: a fixed Jacobian instead of finite differences."""
+    x_scale = np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, *(0.1,) * (len(x0) - len(SHARED))])
+    return least_squares(objective, x0, bounds=(lower, upper), diff_step=DIFF_STEP, ftol=1e-3, xtol=1e-3,
+                         max_nfev=max_steps, loss="soft_l1", f_scale=F_SCALE, x_scale=x_scale,
+                         jac=jac if jac is not None else "2-point")
+
+
 def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float = 0.1,
                max_evaluations: int = 40, progress: Callable[[str], None] | None = None,
-               min_s: float = MIN_FIT_S) -> tuple[
-                   EngineProfile, np.ndarray, np.ndarray, tuple[str, ...]]:
-    """Least squares over the unsaturated runs: (profile, theta, Jacobian rows per run stacked, names)."""
+               min_s: float = MIN_FIT_S, x0: np.ndarray | None = None) -> tuple[
+                   EngineProfile, np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
+    """Least squares over the unsaturated runs: (profile, theta, plain Jacobian of the stacked
+    per-run residuals at theta, names, those residuals). x0: where to start (default: the starting
+    values; a previous fit's theta_of to resume it)."""
     fitting = [r for r in runs if not r.saturated]
     if not fitting:
         raise ValueError("no unsaturated run to fit on: every run given was overloaded")
     devices = sorted({r.hardware for r in fitting})
-    names = parameter_names(devices)
-    x0 = np.array([*SHARED_START, *DEVICE_START * len(devices)])
-    bounds = [*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices)]
-    lower, upper = np.array([b[0] for b in bounds]), np.array([b[1] for b in bounds])
-    calls = [0]
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        calls[0] += 1
-        profile = profile_at(base, devices, theta)
-        r = [x for run in fitting for x in log_residuals(predict(profile, run, fit_scale(run, time_scale, min_s)))]
-        if progress is not None:
-            progress(f"fit evaluation {calls[0]}: rms log error {float(np.sqrt(np.mean(np.square(r)))):.3f}")
-        return np.array(r)
-
+    start, lower, upper = _bounds(devices)
+    x0 = np.clip(start if x0 is None else np.asarray(x0, dtype=float), lower, upper)
+    objective = _Objective(base, fitting, devices, time_scale, min_s, progress)
     # max_nfev counts the steps' evaluations, not the Jacobians' (one per parameter each step).
-    # A robust loss (soft L1 past 5 % log error): the targets are median errors, and one odd run
-    # (an offloading or a nearly saturated one) must not pull every other run off.
-    result = least_squares(residuals, x0, bounds=(lower, upper), diff_step=DIFF_STEP, ftol=1e-3, xtol=1e-3,
-                           max_nfev=max(1, max_evaluations // (len(x0) + 1)), loss="soft_l1", f_scale=F_SCALE,
-                           x_scale=np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, *(0.1,) * len(DEVICE) * len(devices)]))
+    result = _solve(objective, x0, lower, upper, max(1, max_evaluations // (len(x0) + 1)))
     # The plain Jacobian at the solution (least_squares returns one scaled by the robust loss).
     jac = np.empty((len(result.fun), len(x0)))
     for j in range(len(x0)):
@@ -133,47 +175,48 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
         h = h if result.x[j] + h <= upper[j] else -h
         moved = result.x.copy()
         moved[j] += h
-        jac[:, j] = (residuals(moved) - result.fun) / h
-    return profile_at(base, devices, result.x), result.x, jac, names
+        jac[:, j] = (objective(moved) - result.fun) / h
+    return profile_at(base, devices, result.x), result.x, jac, parameter_names(devices), result.fun
 
 
-def refit_without(theta: np.ndarray, jac: np.ndarray, resid: np.ndarray, drop_rows: np.ndarray,
-                  bounds: tuple[np.ndarray, np.ndarray], start: np.ndarray) -> np.ndarray:
-    """One Gauss-Newton step from theta on the rows kept (the held-out rows dropped), within bounds.
-    A parameter no kept row depends on (say the MoE scale with every MoE run held out) learnt its
-    value from the held-out runs alone: it goes back to its starting value."""
-    keep = ~drop_rows
-    blind = np.linalg.norm(jac[keep], axis=0) < 1e-9
-    # Rows weighted as the fit's robust loss weighs them at the solution (soft L1: 1/sqrt(1 + (r/f)^2)).
-    w = np.sqrt(1.0 / np.sqrt(1.0 + (resid[keep] / F_SCALE) ** 2))
-    step = np.zeros_like(theta)
-    if (~blind).any():
-        step[~blind], *_ = np.linalg.lstsq(jac[keep][:, ~blind] * w[:, None], -resid[keep] * w, rcond=None)
-    out = np.clip(theta + step, bounds[0], bounds[1])
-    out[blind] = start[blind]
-    return out
+def refit_without(base: EngineProfile, fitting: Sequence[RealRun], devices: Sequence[str], theta: np.ndarray,
+                  jac: np.ndarray, resid: np.ndarray, owner: np.ndarray, held: Sequence[int], time_scale: float,
+                  min_s: float, steps: int = REFIT_STEPS) -> np.ndarray:
+    """The fit redone without the held-out runs: from theta, a few trust-region steps on the kept
+    runs' simulated residuals (the full fit's Jacobian rows as the search directions). A parameter
+    no kept run depends on (say the MoE speed with every MoE run held out) learnt its value from the
+    held-out runs alone: it goes back to its starting value and stays there."""
+    start, lower, upper = _bounds(devices)
+    keep = ~np.isin(owner, held)
+    kept = [run for i, run in enumerate(fitting) if i not in set(held)]
+    rows = jac[keep]
+    blind = np.linalg.norm(rows, axis=0) < 1e-9
+    x0 = np.where(blind, start, theta)
+    lower, upper = np.where(blind, start - 1e-9, lower), np.where(blind, start + 1e-9, upper)
+    objective = _Objective(base, kept, devices, time_scale, min_s)
+    objective.seen[tuple(np.round(theta, 12))] = resid[keep]  # the full fit's own residuals there
+    return _solve(objective, np.clip(x0, lower, upper), lower, upper, steps, jac=lambda _: rows).x
 
 
 def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
                    time_scale: float = 1.0, max_evaluations: int = 40,
-                   progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S) -> FitResult:
-    """The fit on every run, its in-sample predictions, and leave-one-run-out and
-    leave-one-model-out predictions, each run simulated at time_scale."""
-    profile, theta, jac, names = fit_engine(base, runs, fit_time_scale, max_evaluations, progress, min_fit_s)
+                   progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S,
+                   x0: np.ndarray | None = None) -> FitResult:
+    """The fit on every run (from x0, default the starting values), its in-sample predictions, and
+    leave-one-run-out and leave-one-model-out predictions (each held-out run simulated at
+    time_scale on its own refit, which starts from the full fit)."""
+    profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
+                                                   min_fit_s, x0)
     fitting = [r for r in runs if not r.saturated]
     devices = sorted({r.hardware for r in fitting})
-    bounds = (np.array([b[0] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]),
-              np.array([b[1] for b in (*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices))]))
-    start = np.array([*SHARED_START, *DEVICE_START * len(devices)])
     fitted_profile = profile_at(base, devices, theta)
-    short = [predict(fitted_profile, r, fit_scale(r, fit_time_scale, min_fit_s)) for r in fitting]
-    resid = np.array([x for rep in short for x in log_residuals(rep)])
-    owner = np.array([i for i, rep in enumerate(short) for _ in log_residuals(rep)])
+    owner = np.array([i for i, run in enumerate(fitting) for m in FIT_METRICS if m in run.measured])
 
     def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
         out = {}
         for n, (name, members) in enumerate(groups.items(), 1):
-            theta_out = refit_without(theta, jac, resid, np.isin(owner, members), bounds, start)
+            theta_out = refit_without(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale,
+                                      min_fit_s)
             for i in members:
                 out[i] = predict(profile_at(base, devices, theta_out), fitting[i], time_scale)
             if progress is not None:

@@ -123,10 +123,9 @@ class CostModel:
         self._sources.clear()
 
     def use_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        """Carry a serving engine's additions (simulator/catalog/engines.py): its CUDA graphs (token
-        counts padded to the capture sizes; the curves lose their per-kernel launch term t0, which a
-        graph replay does not pay and which a GPU-bound eager step hides behind the kernels before
-        it), its all-reduce algorithms (operators.all_reduce) and its host terms."""
+        """Carry a serving engine's additions (simulator/catalog/engines.py): CUDA graphs (token counts
+        padded to the capture sizes; no per-kernel launch term t0, which a graph replay does not pay
+        and a GPU-bound eager step hides), its all-reduces (operators.all_reduce), host terms, speeds."""
         self.engine = engine
         self.graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
         if self.graph_sizes:

@@ -36,8 +36,9 @@ class Measured(Source):
 
 
 class Modeled(Source):
-    """Roofline x efficiency: work(size) -> (FLOPs, bytes) timed on a fitted curve, times `scale`
-    (a device's fitted speed relative to the curve, CostModel.scales), never below the roofline."""
+    """Roofline x efficiency: work(size) -> (FLOPs, bytes) timed on a fitted curve, never below the
+    roofline. `scale` (CostModel.scales: a speed fitted on real runs of memory-bound steps) divides
+    the bandwidth the curve sees: it moves the memory-bound side only, never past the roofline."""
 
     def __init__(self, curve: EfficiencyCurve, additive: bool, peak: float, bandwidth_of: Callable[[float], float],
                  work: Callable[[int], tuple[float, float]], provenance: str, expected_error: float,
@@ -48,7 +49,7 @@ class Modeled(Source):
     def time(self, size) -> float:
         flops, nbytes = self.work(size)
         bandwidth = self.bandwidth_of(nbytes)
-        t = self.curve.time(flops, nbytes, self.peak, bandwidth, self.additive) * self.scale
+        t = self.curve.time(flops, nbytes, self.peak, bandwidth / self.scale, self.additive)
         return max(t, max(flops / self.peak, nbytes / bandwidth))
 
     def predict(self, size) -> Prediction:

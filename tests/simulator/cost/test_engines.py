@@ -52,6 +52,19 @@ def test_graph_sizes_follow_the_servers_limits() -> None:
     assert [cm.graph_tokens(t) for t in (1, 3, 9, 250, 256, 257, 2000)] == [1, 4, 16, 256, 256, 257, 2000]
 
 
+def test_fitted_speeds_move_the_memory_bound_side_only() -> None:
+    from simulator.catalog.models import load_model
+    from simulator.cost.types import Chunk
+    model = load_model("llama-3.1-8b")
+    plain = replace(load_engine(DEFAULT_GPU_ENGINE), scales={}, device_scales={})
+    fast = replace(plain, device_scales={"h100-sxm": {"gemm": 0.5}})
+    gate = lambda e, chunks: engine_model(engine=e).step_time(chunks, model).by_operator["gate_up_proj"]  # noqa: E731
+    decode, prefill = [Chunk(1, 500)] * 8, [Chunk(2048, 2048)]
+    assert gate(fast, decode) < 0.8 * gate(plain, decode)  # memory-bound: faster
+    assert gate(fast, prefill) == pytest.approx(gate(plain, prefill), rel=0.02)  # compute-bound: as before
+    assert engine_model("a100-80gb", fast).scales == {}  # another device keeps its curves
+
+
 def test_graphed_steps_pay_no_launch_term_and_run_padded() -> None:
     bare, vllm = CostModel.load("h100-sxm"), engine_model()
     assert all(c.t0 == 0 for c in vllm.curves.values()) and any(c.t0 > 0 for c in bare.curves.values())
@@ -64,17 +77,17 @@ def test_graphed_steps_pay_no_launch_term_and_run_padded() -> None:
 
 
 def test_custom_all_reduce_on_nvlink_nccl_beyond_it_and_on_pcie() -> None:
-    nvlink = engine_model("h100-sxm")
+    cited = replace(load_engine(DEFAULT_GPU_ENGINE), scales={})  # the algorithms alone, no in-situ speed
+    nvlink = engine_model("h100-sxm", cited)
     one_shot = nvlink.predict_all_reduce(256 << 10, 4).time_s
     two_shot = nvlink.predict_all_reduce(1 << 20, 4).time_s
     nccl = nvlink.predict_all_reduce(16 << 20, 4).time_s
     # The cited H100 TP4 latencies the profile was set from: ~10 us (0.5 MB one-shot), ~18 us (1 MB two-shot).
     assert 6e-6 < one_shot < 12e-6 and 14e-6 < two_shot < 22e-6 and nccl > two_shot
     assert nvlink.predict_all_reduce((512 << 10) - 16, 4).time_s == pytest.approx(10e-6, rel=0.25)
-    pcie = engine_model("l40s")  # custom kernel only at world 2 without NVLink
+    pcie = engine_model("l40s", cited)  # custom kernel only at world 2 without NVLink
     assert pcie.predict_all_reduce(256 << 10, 4).time_s > 3 * nvlink.predict_all_reduce(256 << 10, 4).time_s
-    vllm = load_engine(DEFAULT_GPU_ENGINE)
-    no_custom = engine_model("h100-sxm", replace(vllm, custom_all_reduce=None))
+    no_custom = engine_model("h100-sxm", replace(cited, custom_all_reduce=None))
     assert no_custom.predict_all_reduce(256 << 10, 4).time_s > one_shot
     # The engine's algorithms replace the kernel-only model's fitted ring only under an engine.
     assert CostModel.load("h100-sxm").predict_all_reduce(256 << 10, 4).time_s > 5 * one_shot
