@@ -7,6 +7,7 @@ figures; never passes or fails.
     python bench/vllm_runs.py                     # fit, cross-validate, print (minutes)
     python bench/vllm_runs.py --write             # ... and write the fitted profile to the catalog
     python bench/vllm_runs.py --resume --write    # the fit restarted from the catalog profile's values
+    python bench/vllm_runs.py --cv-only --write   # the catalog profile's values cross-validated, not refitted
     python bench/vllm_runs.py --quick             # a smoke run: 5 runs, short stages, a short fit
 """
 
@@ -43,6 +44,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write the fitted profile to {ENGINES_DIR}")
     parser.add_argument("--resume", action="store_true", help="start the fit from the catalog profile's fitted "
                         "values (the cross-validation's fallback values stay the starting ones)")
+    parser.add_argument("--cv-only", action="store_true", help="no fit: cross-validate the catalog profile's "
+                        "fitted values as they are (its folds refit from them)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     runs = read_runs(args.shared / "reference" / "vllm-runs.md")
@@ -52,10 +55,10 @@ def main() -> None:
     started = time.perf_counter()
     base = load_engine(DEFAULT_GPU_ENGINE)
     devices = sorted({r.hardware for r in runs if not r.saturated})
-    result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, args.evaluations,
+    result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, 0 if args.cv_only else args.evaluations,
                             progress=lambda text: print("  ..", text, flush=True),
                             min_fit_s=0.0 if args.quick else MIN_FIT_S,
-                            x0=theta_of(base, devices) if args.resume else None)
+                            x0=theta_of(base, devices) if args.resume or args.cv_only else None)
     print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
           f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")
     print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))

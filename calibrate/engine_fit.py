@@ -43,7 +43,7 @@ DEVICE_START, DEVICE_BOUNDS = (0.8, 1.0), ((0.3, 3.0), (0.3, 3.0))
 # Shortened for the fit, a run still spans this many seconds (its steady state, not its ramp-up).
 MIN_FIT_S = 300.0
 DIFF_STEP, F_SCALE = 0.05, 0.05  # finite-difference step (relative); where the robust loss turns linear
-REFIT_STEPS = 3  # evaluations of a cross-validation refit (the first, at the full fit, is usually known)
+REFIT_STEPS = (1.0, 0.4)  # lengths of the Gauss-Newton step a cross-validation refit tries
 # A run that could not serve every request is off the scale: its residuals count as this factor.
 OFF_SCALE = math.log(100.0)
 
@@ -141,15 +141,13 @@ class _Objective:
         return self.seen[key]
 
 
-def _solve(objective: _Objective, x0: np.ndarray, lower: np.ndarray, upper: np.ndarray, max_steps: int,
-           jac=None):
+def _solve(objective: _Objective, x0: np.ndarray, lower: np.ndarray, upper: np.ndarray, max_steps: int):
     """Bounded least squares under the robust loss (soft L1 past F_SCALE: the targets are median
     errors, and one odd run -- an offloading or a nearly saturated one -- must not pull every other
-    run off); jac: a fixed Jacobian instead of finite differences."""
+    run off)."""
     x_scale = np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, *(0.1,) * (len(x0) - len(SHARED))])
     return least_squares(objective, x0, bounds=(lower, upper), diff_step=DIFF_STEP, ftol=1e-3, xtol=1e-3,
-                         max_nfev=max_steps, loss="soft_l1", f_scale=F_SCALE, x_scale=x_scale,
-                         jac=jac if jac is not None else "2-point")
+                         max_nfev=max_steps, loss="soft_l1", f_scale=F_SCALE, x_scale=x_scale)
 
 
 def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float = 0.1,
@@ -166,8 +164,10 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
     start, lower, upper = _bounds(devices)
     x0 = np.clip(start if x0 is None else np.asarray(x0, dtype=float), lower, upper)
     objective = _Objective(base, fitting, devices, time_scale, min_s, progress)
-    # max_nfev counts the steps' evaluations, not the Jacobians' (one per parameter each step).
-    result = _solve(objective, x0, lower, upper, max(1, max_evaluations // (len(x0) + 1)))
+    if max_evaluations <= 0:  # no fit: theta is x0 (a fitted profile's own, for its cross-validation)
+        result = type("Fixed", (), {"x": x0, "fun": objective(x0)})
+    else:  # max_nfev counts the steps' evaluations, not the Jacobians' (one per parameter each step)
+        result = _solve(objective, x0, lower, upper, max(1, max_evaluations // (len(x0) + 1)))
     # The plain Jacobian at the solution (least_squares returns one scaled by the robust loss).
     jac = np.empty((len(result.fun), len(x0)))
     for j in range(len(x0)):
@@ -179,23 +179,38 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
     return profile_at(base, devices, result.x), result.x, jac, parameter_names(devices), result.fun
 
 
+def robust_cost(resid: np.ndarray) -> float:
+    """The fit's loss: soft L1 past F_SCALE."""
+    return float(np.sum(2 * F_SCALE ** 2 * (np.sqrt(1 + (resid / F_SCALE) ** 2) - 1)))
+
+
 def refit_without(base: EngineProfile, fitting: Sequence[RealRun], devices: Sequence[str], theta: np.ndarray,
                   jac: np.ndarray, resid: np.ndarray, owner: np.ndarray, held: Sequence[int], time_scale: float,
-                  min_s: float, steps: int = REFIT_STEPS) -> np.ndarray:
-    """The fit redone without the held-out runs: from theta, a few trust-region steps on the kept
-    runs' simulated residuals (the full fit's Jacobian rows as the search directions). A parameter
-    no kept run depends on (say the MoE speed with every MoE run held out) learnt its value from the
-    held-out runs alone: it goes back to its starting value and stays there."""
+                  min_s: float, steps: Sequence[float] = REFIT_STEPS) -> tuple[np.ndarray, bool]:
+    """The fit redone without the held-out runs, from the full fit theta: the Gauss-Newton step on
+    the kept runs' rows (weighted as the robust loss weighs them), tried at full length and shorter
+    (steps), each simulated on the kept runs; the first that lowers their loss below theta's is
+    taken, else theta stays (it is then the kept runs' local optimum as far as the simulator can
+    tell). A parameter no kept run depends on (say the MoE speed with every MoE run held out)
+    learnt its value from the held-out runs alone: it goes back to its starting value. Returns
+    (parameters, whether they moved)."""
     start, lower, upper = _bounds(devices)
     keep = ~np.isin(owner, held)
     kept = [run for i, run in enumerate(fitting) if i not in set(held)]
     rows = jac[keep]
     blind = np.linalg.norm(rows, axis=0) < 1e-9
-    x0 = np.where(blind, start, theta)
-    lower, upper = np.where(blind, start - 1e-9, lower), np.where(blind, start + 1e-9, upper)
+    base_theta = np.where(blind, start, theta)
+    w = np.sqrt(1.0 / np.sqrt(1.0 + (resid[keep] / F_SCALE) ** 2))
+    step = np.zeros_like(theta)
+    if (~blind).any():
+        step[~blind], *_ = np.linalg.lstsq(rows[:, ~blind] * w[:, None], -resid[keep] * w, rcond=None)
     objective = _Objective(base, kept, devices, time_scale, min_s)
-    objective.seen[tuple(np.round(theta, 12))] = resid[keep]  # the full fit's own residuals there
-    return _solve(objective, np.clip(x0, lower, upper), lower, upper, steps, jac=lambda _: rows).x
+    best = robust_cost(resid[keep]) if not blind.any() else robust_cost(objective(base_theta))
+    for length in steps:
+        trial = np.clip(base_theta + length * step, lower, upper)
+        if robust_cost(objective(trial)) < best:
+            return trial, True
+    return base_theta, bool(blind.any())
 
 
 def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
@@ -212,15 +227,19 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
     fitted_profile = profile_at(base, devices, theta)
     owner = np.array([i for i, run in enumerate(fitting) for m in FIT_METRICS if m in run.measured])
 
+    moved: dict[str, int] = {}
+
     def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
         out = {}
         for n, (name, members) in enumerate(groups.items(), 1):
-            theta_out = refit_without(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale,
-                                      min_fit_s)
+            theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members,
+                                               fit_time_scale, min_fit_s)
+            moved[label] = moved.get(label, 0) + changed
             for i in members:
                 out[i] = predict(profile_at(base, devices, theta_out), fitting[i], time_scale)
             if progress is not None:
-                progress(f"{label} {n}/{len(groups)}")
+                progress(f"{label} {n}/{len(groups)}: parameters {'moved' if changed else 'kept'} "
+                         + ", ".join(f"{k}={v:.3g}" for k, v in zip(names, theta_out)))
         return out
 
     loo = held_out({fitting[i].id: [i] for i in range(len(fitting))}, "leave one run out")
@@ -234,7 +253,9 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
     lomo_all = [lomo[by_id[id(r)]] if id(r) in by_id else rep for r, rep in zip(runs, in_sample)]
     residuals = {m: [-x for rep in loo_all if not rep.run.saturated for x in log_residuals(rep, (m,))]
                  for m in METRICS}
-    errors = {"leave_one_run_out": summary_errors(loo_all), "leave_one_model_out": summary_errors(lomo_all),
+    errors = {"leave_one_run_out": {**summary_errors(loo_all), "refits_moved": moved.get("leave one run out", 0)},
+              "leave_one_model_out": {**summary_errors(lomo_all),
+                                      "refits_moved": moved.get("leave one model out", 0)},
               "in_sample": summary_errors(in_sample)}
     fitted_on = (f"{len(fitting)} unsaturated real runs ({', '.join(sorted({r.hardware for r in fitting}))}; "
                  f"{', '.join(sorted({r.family for r in fitting}))}) and {len(runs) - len(fitting)} saturated checks")

@@ -36,7 +36,9 @@ def test_the_app_and_its_pages_render() -> None:
     trace = page("trace_page.py")
     assert trace.metric[0].value == "200"
     explore = page("explore_page.py")
-    assert len(explore.metric) == 5 and len(explore.get("plotly_chart")) == 4
+    assert len(explore.metric) == 5
+    # The default engine (vLLM's, fitted on real runs) draws its 80 % intervals first.
+    assert [c.key for c in explore.get("plotly_chart")] == ["intervals", "cdfs", "split", "scatter", "timeseries"]
     compare = page("compare_page.py")
     assert list(compare.dataframe[0].value.columns) == ["metric", "A", "B"]
 
@@ -49,9 +51,9 @@ def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
     at.multiselect(key="hardware").set_value(["h100-sxm"])
     at.button[0].click().run()
     assert not at.exception and "h100-sxm bf16 tp=1" in at.success[0].value
-    at.multiselect(key="hardware").set_value(["l4"])
+    at.multiselect(key="hardware").set_value(["l40s"])
     at.button[0].click().run()
-    assert "x l4 bf16 tp=1" in at.success[0].value
+    assert "x l40s bf16 tp=1" in at.success[0].value
     assert len(at.dataframe) == 1 and len(at.get("download_button")) == 2
     # Growth and SLO sensitivity: the recommended cost never falls as traffic grows or SLOs tighten.
     at.multiselect(key="growth").set_value([1.0, 2.0])

@@ -15,7 +15,8 @@ from simulator.workload.requests import make_workload
 from simulator.workload.synthetic import arrival_times
 from tests.simulator.helpers import FixedStepTimer, workload
 
-SMALL = dict(model="llama-3.1-8b", hardware="h100-sxm")
+# servecast: the step times alone, none of a serving engine's request latency or output delay
+SMALL = dict(model="llama-3.1-8b", hardware="h100-sxm", engine="servecast")
 
 
 def test_md1_queueing_delay_matches_pollaczek_khinchine() -> None:

@@ -11,7 +11,8 @@ from simulator.cost.step_timer import StepTimer
 from simulator.cost.model import CostModel
 from tests.simulator.helpers import workload
 
-SMALL = dict(model="llama-3.1-8b", hardware="h100-sxm")
+# servecast: the step times alone, none of a serving engine's request latency or output delay
+SMALL = dict(model="llama-3.1-8b", hardware="h100-sxm", engine="servecast")
 
 
 def test_bad_traces_are_refused_with_the_fix() -> None:
