@@ -47,11 +47,11 @@ def predict_command(
             spec.check_expert_parallel(tp)
         if routing_skew < 0:
             raise ValueError("--routing-skew must be >= 0 (0: uniform)")
-        from simulator.catalog.engines import DEFAULT_GPU_ENGINE, OWN_ENGINE, load_engine
+        from simulator.catalog.engines import load_engine
 
         cost_model = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
-        default = OWN_ENGINE if cost_model.accelerator.profiled else DEFAULT_GPU_ENGINE
-        cost_model.use_engine(load_engine(engine or default, engine_file), max_num_seqs, max_num_batched_tokens)
+        cost_model.use_engine(load_engine(engine, engine_file, cost_model.accelerator.profiled), max_num_seqs,
+                              max_num_batched_tokens)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
         step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel,
                                     routing_skew=routing_skew)

@@ -45,13 +45,13 @@ def validate_runs(runs: Path, engine: str | None, engine_file: Path | None, hard
                   max_num_batched_tokens: int, time_scale: float, as_json: bool) -> None:
     """Replay every run on the engine profile; print predicted / measured and the median errors."""
     from calibrate.engine_fit import predict, summary_errors
-    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
+    from simulator.catalog.engines import load_engine
 
     try:
         if not 0 < time_scale <= 1:
             raise ValueError(f"--time-scale must be in (0, 1], got {time_scale}")
         real = _read(runs, hardware, max_num_batched_tokens)
-        profile = load_engine(engine or DEFAULT_GPU_ENGINE, engine_file)
+        profile = load_engine(engine, engine_file)
         replayed = []
         with progress_bar("replaying runs", transient=as_json) as progress:
             task = progress.add_task("runs", total=len(real))
@@ -82,13 +82,13 @@ def calibrate_runs(runs: Path, out: Path, engine: str | None, hardware: str, max
                    fit_time_scale: float, time_scale: float, evaluations: int) -> None:
     """Fit an engine profile on the runs (cross-validated) and write it."""
     from calibrate.engine_fit import cross_validate
-    from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
+    from simulator.catalog.engines import load_engine
 
     try:
         if out is None:
             raise ValueError("--runs needs --out: the engine profile file to write (then --engine-file it)")
         real = _read(runs, hardware, max_num_batched_tokens)
-        base = load_engine(engine or DEFAULT_GPU_ENGINE)
+        base = load_engine(engine)
         with progress_bar("{task.description}", transient=True) as progress:
             task = progress.add_task("fitting", total=None)
             result = cross_validate(base, real, fit_time_scale, time_scale, evaluations,

@@ -5,15 +5,16 @@ host time per step, the latency a request spends outside the engine's steps (API
 tokenization, streaming), how many steps late a sampled token reaches the client, and the speed
 of its all-reduces, elementwise kernels and MoE experts relative to the cited collective figures
 and the shipped curves (in situ, under its fusions). Per device with runs: the speed of its GEMMs
-and of its decode attention relative to the shipped curves (a device without runs keeps them). Everything else in the profile (CUDA graphs, the
-all-reduce algorithms) is fixed from public sources. The fit minimises the squared log errors of
-the E2E mean, TTFT mean and TPOT of the unsaturated runs, each run simulated in full through the
-engine's scheduler (stages shortened by time_scale).
+and of its decode attention relative to the shipped curves (a device without runs keeps them).
+Everything else in the profile (CUDA graphs, the all-reduce algorithms) is fixed from public
+sources. The fit minimises a robust (soft L1) loss of the log errors of the E2E mean, TTFT mean
+and TPOT of the unsaturated runs, each run simulated in full through the engine's scheduler
+(stages shortened by time_scale).
 
-Cross-validation refits without the held-out runs -- a few trust-region steps from the full fit on
-the remaining runs' simulated residuals, under the same robust loss, the full fit's Jacobian rows
-giving the directions -- then simulates each held-out run at its own refitted parameters: leave one run out, and
-leave one model out (every run of the model held out together).
+Cross-validation refits without the held-out runs (refit_without: the robust Gauss-Newton step on
+the kept runs, taken only where their simulated loss falls), then simulates each held-out run at
+its own refitted parameters: leave one run out, and leave one model out (every run of the model
+held out together).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from scipy.optimize import least_squares
 
 from calibrate.real_runs import METRICS, RealRun
 from calibrate.run_replay import Replayed, replay, run_config
-from simulator.catalog.engines import EngineProfile
+from simulator.catalog.engines import INTERVAL, EngineProfile
 from simulator.cost.model import CostModel
 
 FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
@@ -124,9 +125,9 @@ class _Objective:
     its fit scale), remembered per parameter vector."""
 
     def __init__(self, base: EngineProfile, runs: Sequence[RealRun], devices: Sequence[str], time_scale: float,
-                 min_s: float, progress: Callable[[str], None] | None = None, label: str = "fit") -> None:
+                 min_s: float, progress: Callable[[str], None] | None = None) -> None:
         self.base, self.runs, self.devices, self.time_scale, self.min_s = base, runs, devices, time_scale, min_s
-        self.progress, self.label, self.calls, self.seen = progress, label, 0, {}
+        self.progress, self.calls, self.seen = progress, 0, {}
 
     def __call__(self, theta: np.ndarray) -> np.ndarray:
         key = tuple(np.round(theta, 12))
@@ -137,7 +138,7 @@ class _Objective:
                 predict(profile, run, fit_scale(run, self.time_scale, self.min_s)))])
             if self.progress is not None:
                 rms = float(np.sqrt(np.mean(np.square(self.seen[key]))))
-                self.progress(f"{self.label} evaluation {self.calls}: rms log error {rms:.3f}")
+                self.progress(f"fit evaluation {self.calls}: rms log error {rms:.3f}")
         return self.seen[key]
 
 
@@ -220,11 +221,10 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
     """The fit on every run (from x0, default the starting values), its in-sample predictions, and
     leave-one-run-out and leave-one-model-out predictions (each held-out run simulated at
     time_scale on its own refit, which starts from the full fit)."""
-    profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
-                                                   min_fit_s, x0)
+    fitted_profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
+                                                          min_fit_s, x0)
     fitting = [r for r in runs if not r.saturated]
     devices = sorted({r.hardware for r in fitting})
-    fitted_profile = profile_at(base, devices, theta)
     owner = np.array([i for i, run in enumerate(fitting) for m in FIT_METRICS if m in run.measured])
 
     moved: dict[str, int] = {}
@@ -280,14 +280,14 @@ def summary_errors(replayed: Sequence[Replayed]) -> dict:
     return out
 
 
-def interval_coverage(replayed: Sequence[Replayed], metric: str, quantiles=(0.1, 0.9)) -> tuple[int, int]:
+def interval_coverage(replayed: Sequence[Replayed], metric: str, quantiles=INTERVAL) -> tuple[int, int]:
     """Of the unsaturated held-out runs, how many measured values fall inside the interval built
     from the other runs' held-out residuals (nested: a run's own residual never widens its interval)."""
     rows = [(r, r.run.measured.get(metric)) for r in replayed if not r.run.saturated]
     rows = [(r, m) for r, m in rows if m is not None and math.isfinite(r.predicted[metric])]
     inside = 0
     for k, (rep, measured) in enumerate(rows):
-        others = sorted(math.log(m / r.predicted[metric]) for j, (r, m) in enumerate(rows) if j != k)
+        others = [math.log(m / r.predicted[metric]) for j, (r, m) in enumerate(rows) if j != k]
         lo, hi = (float(np.quantile(others, q)) for q in quantiles)
         inside += rep.predicted[metric] * math.exp(lo) <= measured <= rep.predicted[metric] * math.exp(hi)
     return inside, len(rows)

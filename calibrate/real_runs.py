@@ -15,6 +15,7 @@ the streamed text's tokens and can count fewer (docs/fidelity.md).
 from __future__ import annotations
 
 import csv
+import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -146,7 +147,6 @@ def catalog_model(name: str) -> str:
     or `name` itself when it is a catalog id or a config.json path."""
     if (MODELS_DIR / f"{name}.json").is_file() or name.endswith(".json"):
         return name
-    import json
 
     def normal(hf_id: str) -> str:
         words = hf_id.split(" (")[0].split("/")[-1].lower().split("-")

@@ -31,11 +31,11 @@ class Replayed:
         return None if measured is None else self.predicted[metric] / measured - 1.0
 
 
-def run_config(run: RealRun, engine: str | None = None, engine_file: str | None = None) -> SimConfig:
+def run_config(run: RealRun) -> SimConfig:
     return SimConfig(model=run.model, hardware=run.hardware, tp=run.tp, quant=run.quant,
                      max_num_batched_tokens=run.max_num_batched_tokens, max_num_seqs=MAX_NUM_SEQS,
                      block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
-                     gpu_memory_utilization=run.gpu_memory_utilization, engine=engine, engine_file=engine_file)
+                     gpu_memory_utilization=run.gpu_memory_utilization)
 
 
 def replay(run: RealRun, cost_model: CostModel, time_scale: float = 1.0, config: SimConfig | None = None) -> Replayed:

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 ENGINES_DIR = Path(__file__).with_name("engines")
 DEFAULT_GPU_ENGINE = "vllm-v0.15"
 OWN_ENGINE = "servecast"
@@ -92,10 +94,10 @@ class EngineProfile:
     def interval(self, metric: str, value: float) -> tuple[float, float] | None:
         """The 80 % interval around a predicted value from the cross-validated residuals of that
         metric (None without residuals)."""
-        residuals = sorted(self.residuals.get(metric, []))
+        residuals = self.residuals.get(metric, [])
         if len(residuals) < 3 or not math.isfinite(value):
             return None
-        lo, hi = (_quantile(residuals, q) for q in INTERVAL)
+        lo, hi = np.quantile(residuals, INTERVAL)
         return value * math.exp(lo), value * math.exp(hi)
 
     def slow_end(self) -> "EngineProfile | None":
@@ -104,9 +106,8 @@ class EngineProfile:
         None without residuals."""
         if len(self.residuals.get("tpot", [])) < 3:
             return None
-        step = math.exp(max(0.0, _quantile(sorted(self.residuals["tpot"]), INTERVAL[1])))
-        ttft = sorted(self.residuals.get("ttft_mean", [0.0]))
-        request = math.exp(max(0.0, _quantile(ttft, INTERVAL[1])))
+        step = math.exp(max(0.0, np.quantile(self.residuals["tpot"], INTERVAL[1])))
+        request = math.exp(max(0.0, np.quantile(self.residuals.get("ttft_mean", [0.0]), INTERVAL[1])))
         framework = {k: v * step if k.startswith(("step", "layer")) else v for k, v in self.framework.items()}
         framework["operator_scale"] = self.framework.get("operator_scale", 1.0) * step
         return replace(self, id=f"{self.id} (slow end)", framework=framework, request_s=self.request_s * request)
@@ -161,19 +162,13 @@ class EngineProfile:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    pos = q * (len(sorted_values) - 1)
-    i = int(math.floor(pos))
-    j = min(i + 1, len(sorted_values) - 1)
-    return sorted_values[i] + (pos - i) * (sorted_values[j] - sorted_values[i])
-
-
 def engine_ids() -> list[str]:
     return sorted([OWN_ENGINE, *(p.stem for p in ENGINES_DIR.glob("*.json"))])
 
 
-def load_engine(name: str | None = None, path: str | Path | None = None) -> EngineProfile:
-    """A catalog engine profile by id, or a profile file (servecast calibrate --runs writes one)."""
+def load_engine(name: str | None = None, path: str | Path | None = None, profiled: bool = False) -> EngineProfile:
+    """A profile file (servecast calibrate --runs writes one), else a catalog engine profile by id,
+    else the default: servecast's own on a profiled device, DEFAULT_GPU_ENGINE on a catalog GPU."""
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -183,7 +178,7 @@ def load_engine(name: str | None = None, path: str | Path | None = None) -> Engi
         except json.JSONDecodeError as exc:
             raise ValueError(f"engine profile {path} is not valid JSON ({exc})") from None
         return EngineProfile.from_dict(raw, str(path))
-    name = name or DEFAULT_GPU_ENGINE
+    name = name or (OWN_ENGINE if profiled else DEFAULT_GPU_ENGINE)
     if name == OWN_ENGINE:
         return EngineProfile(OWN_ENGINE, "servecast's own engine: kernel time and the device profile's fitted terms")
     file = ENGINES_DIR / f"{name}.json"

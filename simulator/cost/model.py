@@ -224,8 +224,8 @@ class CostModel:
                 provenance: str | None = None, expected_error: float | None = None,
                 family: str | None = None) -> Modeled:
         """Roofline x efficiency on the curve serving `curve_name`: fitted on this device's profile
-        where there is one, else the shipped extrapolation; times the device's scale of its
-        operator family (the curve name's first part unless given: cm.scales)."""
+        where there is one, else the shipped extrapolation; at the engine's fitted speed of its
+        operator family (the curve name's first part unless given: cm.scales, sources.Modeled)."""
         used = self.curve_used(curve_name)
         if provenance is None:
             provenance = "fitted" if self.profile is not None else "extrapolated"

@@ -114,7 +114,6 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     if on_done is not None:
         recorder.on_progress(on_done, every=max(1, len(requests) // 200))
 
-
     def arrivals():
         for i, request in enumerate(requests):
             if request.arrival_s + ingress_s > env.now:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from simulator.catalog.engines import DEFAULT_GPU_ENGINE, OWN_ENGINE, EngineProfile, load_engine
+from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
 from simulator.cost.memory import MemoryPlan, plan_memory
@@ -143,11 +143,8 @@ class SimConfig(BaseModel):
 
     def engine_profile(self) -> EngineProfile:
         """The engine profile the config names, or its hardware's default."""
-        if self.engine_file is not None:
-            return load_engine(path=self.engine_file)
-        if self.engine is not None:
-            return load_engine(self.engine)
-        return load_engine(OWN_ENGINE if self.accelerator().profiled else DEFAULT_GPU_ENGINE)
+        named = self.engine is not None or self.engine_file is not None
+        return load_engine(self.engine, self.engine_file, profiled=not named and self.accelerator().profiled)
 
     @property
     def compute_dtype(self) -> str:

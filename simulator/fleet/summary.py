@@ -224,7 +224,7 @@ def prediction_intervals(cost_model: CostModel, distributions: dict) -> dict[str
         return {}
     out = {}
     for (name, stat), metric in INTERVAL_METRICS.items():
-        interval = engine.interval(metric, distributions[name].to_dict()[stat])
+        interval = engine.interval(metric, getattr(distributions[name], stat))
         if interval is not None:
             out[f"{name}.{stat}"] = [interval[0], interval[1]]
     return out
