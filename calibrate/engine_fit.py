@@ -8,8 +8,8 @@ and the shipped curves (in situ, under its fusions). Per device with runs: the s
 and of its decode attention relative to the shipped curves (a device without runs keeps them).
 Everything else in the profile (CUDA graphs, the all-reduce algorithms) is fixed from public
 sources. The fit minimises a robust (soft L1) loss of the log errors of the E2E mean, TTFT mean
-and TPOT of the unsaturated runs, each run simulated in full through the engine's scheduler
-(stages shortened by time_scale).
+and TPOT of the unsaturated runs and the TPOT of the saturated ones, each run simulated in full
+through the engine's scheduler (stages shortened by time_scale).
 
 Cross-validation refits without the held-out runs (refit_without: the robust Gauss-Newton step on
 the kept runs, taken only where their simulated loss falls), then simulates each held-out run at
@@ -32,12 +32,18 @@ from simulator.catalog.engines import INTERVAL, EngineProfile
 from simulator.cost.model import CostModel
 
 FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
+# An overloaded run's latencies are its queue's, but its TPOT is the step at a full batch of long
+# contexts, which no unsaturated run reaches: it is fitted on that alone.
+SATURATED_FIT_METRICS = ("tpot",)
 # The engine's own terms, on every device (units that make finite differences sane), the last
 # ENGINE_SCALES of them operator families' speeds under the engine.
-SHARED = ("step_ms", "request_ms", "output_delay_steps", "all_reduce", "elementwise", "moe")
-SHARED_START = (1.5, 6.0, 1.0, 1.5, 0.6, 1.0)
-SHARED_BOUNDS = ((0.0, 20.0), (0.0, 500.0), (0.0, 4.0), (0.3, 10.0), (0.2, 3.0), (0.3, 3.0))
-ENGINE_SCALES = 3
+# attention_decode_compute: the arithmetic speed of decode attention (a fraction of the shipped
+# curve's): grouped-query heads share each K/V read, so their attention does more arithmetic per byte.
+SHARED = ("step_ms", "request_ms", "output_delay_steps", "all_reduce", "elementwise", "moe",
+          "attention_decode_compute")
+SHARED_START = (1.5, 6.0, 1.0, 1.5, 0.6, 1.0, 0.05)
+SHARED_BOUNDS = ((0.0, 20.0), (0.0, 500.0), (0.0, 4.0), (0.3, 10.0), (0.2, 3.0), (0.3, 3.0), (0.005, 1.0))
+ENGINE_SCALES = 4
 # Per device with runs: its own speeds.
 DEVICE = ("gemm", "attention_decode")
 DEVICE_START, DEVICE_BOUNDS = (0.8, 1.0), ((0.3, 3.0), (0.3, 3.0))
@@ -103,8 +109,13 @@ def predict(profile: EngineProfile, run: RealRun, time_scale: float) -> Replayed
     return replay(run, cost_model, time_scale, config)
 
 
-def log_residuals(replayed: Replayed, metrics: Sequence[str] = FIT_METRICS) -> list[float]:
+def fit_metrics(run: RealRun) -> tuple[str, ...]:
+    return SATURATED_FIT_METRICS if run.saturated else FIT_METRICS
+
+
+def log_residuals(replayed: Replayed, metrics: Sequence[str] | None = None) -> list[float]:
     out = []
+    metrics = fit_metrics(replayed.run) if metrics is None else metrics
     for metric in metrics:
         measured, predicted = replayed.run.measured.get(metric), replayed.predicted[metric]
         if measured is None:
@@ -146,7 +157,7 @@ def _solve(objective: _Objective, x0: np.ndarray, lower: np.ndarray, upper: np.n
     """Bounded least squares under the robust loss (soft L1 past F_SCALE: the targets are median
     errors, and one odd run -- an offloading or a nearly saturated one -- must not pull every other
     run off)."""
-    x_scale = np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, *(0.1,) * (len(x0) - len(SHARED))])
+    x_scale = np.array([0.5, 5.0, 0.3, 0.1, 0.1, 0.1, 0.02, *(0.1,) * (len(x0) - len(SHARED))])
     return least_squares(objective, x0, bounds=(lower, upper), diff_step=DIFF_STEP, ftol=1e-3, xtol=1e-3,
                          max_nfev=max_steps, loss="soft_l1", f_scale=F_SCALE, x_scale=x_scale)
 
@@ -155,11 +166,11 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
                max_evaluations: int = 40, progress: Callable[[str], None] | None = None,
                min_s: float = MIN_FIT_S, x0: np.ndarray | None = None) -> tuple[
                    EngineProfile, np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
-    """Least squares over the unsaturated runs: (profile, theta, plain Jacobian of the stacked
-    per-run residuals at theta, names, those residuals). x0: where to start (default: the starting
-    values; a previous fit's theta_of to resume it)."""
-    fitting = [r for r in runs if not r.saturated]
-    if not fitting:
+    """Least squares over the runs (the fit_metrics of each): (profile, theta, plain Jacobian of
+    the stacked per-run residuals at theta, names, those residuals). x0: where to start (default:
+    the starting values; a previous fit's theta_of to resume it)."""
+    fitting = list(runs)
+    if all(r.saturated for r in fitting):
         raise ValueError("no unsaturated run to fit on: every run given was overloaded")
     devices = sorted({r.hardware for r in fitting})
     start, lower, upper = _bounds(devices)
@@ -223,9 +234,9 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
     time_scale on its own refit, which starts from the full fit)."""
     fitted_profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
                                                           min_fit_s, x0)
-    fitting = [r for r in runs if not r.saturated]
+    fitting = list(runs)
     devices = sorted({r.hardware for r in fitting})
-    owner = np.array([i for i, run in enumerate(fitting) for m in FIT_METRICS if m in run.measured])
+    owner = np.array([i for i, run in enumerate(fitting) for m in fit_metrics(run) if m in run.measured])
 
     moved: dict[str, int] = {}
 
@@ -248,17 +259,17 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
         families.setdefault(run.family, []).append(i)
     lomo = held_out(families, "leave one model out")
     in_sample = [predict(fitted_profile, r, time_scale) for r in runs]
-    by_id = {id(r): k for k, r in enumerate(fitting)}
-    loo_all = [loo[by_id[id(r)]] if id(r) in by_id else rep for r, rep in zip(runs, in_sample)]
-    lomo_all = [lomo[by_id[id(r)]] if id(r) in by_id else rep for r, rep in zip(runs, in_sample)]
+    loo_all, lomo_all = [loo[i] for i in range(len(runs))], [lomo[i] for i in range(len(runs))]
     residuals = {m: [-x for rep in loo_all if not rep.run.saturated for x in log_residuals(rep, (m,))]
                  for m in METRICS}
     errors = {"leave_one_run_out": {**summary_errors(loo_all), "refits_moved": moved.get("leave one run out", 0)},
               "leave_one_model_out": {**summary_errors(lomo_all),
                                       "refits_moved": moved.get("leave one model out", 0)},
               "in_sample": summary_errors(in_sample)}
-    fitted_on = (f"{len(fitting)} unsaturated real runs ({', '.join(sorted({r.hardware for r in fitting}))}; "
-                 f"{', '.join(sorted({r.family for r in fitting}))}) and {len(runs) - len(fitting)} saturated checks")
+    latency = [r for r in runs if not r.saturated]
+    fitted_on = (f"{len(latency)} unsaturated real runs ({', '.join(devices)}; "
+                 f"{', '.join(sorted({r.family for r in latency}))}) and the TPOT of "
+                 f"{len(runs) - len(latency)} saturated ones")
     final = replace(fitted_profile, fitted_on=fitted_on, errors=errors, residuals=residuals)
     return FitResult(final, in_sample, loo_all, lomo_all, tuple(float(x) for x in theta), names)
 

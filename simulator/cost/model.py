@@ -65,8 +65,7 @@ class CostModel:
         # The serving engine whose additions this model carries (use_engine); None: kernels alone.
         self.engine: EngineProfile | None = None
         self.graph_sizes: tuple[int, ...] = ()  # the engine's CUDA-graph sizes for this server's limits
-        # Operator family (gemm, attention_decode, ...) -> its speed relative to the curves under the
-        # engine on this device, fitted on real runs (an engine profile's scales and device_scales).
+        # Operator family (gemm, ...) -> its speed under the engine on this device (fitted on real runs).
         self.scales: dict[str, float] = {}
 
     # -- construction -------------------------------------------------------------------------
@@ -90,8 +89,7 @@ class CostModel:
                  hardware_file: str | Path | None = None, params_file: str | Path = PARAMS_FILE) -> "CostModel":
         """The shipped curves over a profile's measurements, before any fit to the profile."""
         accelerator = get_accelerator(hardware, hardware_file)
-        if isinstance(profile, (str, Path)):
-            profile = Profile.load(profile)
+        profile = Profile.load(profile) if isinstance(profile, (str, Path)) else profile
         if profile is not None and profile.hardware != hardware:
             raise ValueError(f"the profile is of {profile.hardware!r}, not {hardware!r}: load it with "
                              f"hardware={profile.hardware!r}")
@@ -225,14 +223,16 @@ class CostModel:
                 family: str | None = None) -> Modeled:
         """Roofline x efficiency on the curve serving `curve_name`: fitted on this device's profile
         where there is one, else the shipped extrapolation; at the engine's fitted speed of its
-        operator family (the curve name's first part unless given: cm.scales, sources.Modeled)."""
+        operator family (the curve name's first part unless given): its bandwidth speed cm.scales[family]
+        and arithmetic speed cm.scales[family + "_compute"] (sources.Modeled)."""
         used = self.curve_used(curve_name)
         if provenance is None:
             provenance = "fitted" if self.profile is not None else "extrapolated"
         if expected_error is None:
             expected_error = self.expected_error(provenance, curve_name)
-        return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name),
-                       work, provenance, expected_error, self.scales.get(family or curve_name.split(":")[0], 1.0))
+        family = family or curve_name.split(":")[0]
+        return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name), work,
+                       provenance, expected_error, self.scales.get(family, 1.0), self.scales.get(f"{family}_compute", 1.0))
 
     # -- operators ----------------------------------------------------------------------------
     def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None,

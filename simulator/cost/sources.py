@@ -38,18 +38,21 @@ class Measured(Source):
 class Modeled(Source):
     """Roofline x efficiency: work(size) -> (FLOPs, bytes) timed on a fitted curve, never below the
     roofline. `scale` (CostModel.scales: a speed fitted on real runs of memory-bound steps) divides
-    the bandwidth the curve sees: it moves the memory-bound side only, never past the roofline."""
+    the bandwidth the curve sees: it moves the memory-bound side only, never past the roofline.
+    `compute_speed` (likewise fitted, below 1 for a kernel whose arithmetic runs far from the
+    device's peak, as decode attention's does) multiplies the peak its compute side sees."""
 
     def __init__(self, curve: EfficiencyCurve, additive: bool, peak: float, bandwidth_of: Callable[[float], float],
                  work: Callable[[int], tuple[float, float]], provenance: str, expected_error: float,
-                 scale: float = 1.0) -> None:
+                 scale: float = 1.0, compute_speed: float = 1.0) -> None:
         self.curve, self.additive, self.peak, self.bandwidth_of, self.work = curve, additive, peak, bandwidth_of, work
         self.provenance, self.expected_error, self.scale = provenance, expected_error, scale
+        self.compute_speed = compute_speed
 
     def time(self, size) -> float:
         flops, nbytes = self.work(size)
         bandwidth = self.bandwidth_of(nbytes)
-        t = self.curve.time(flops, nbytes, self.peak, bandwidth / self.scale, self.additive)
+        t = self.curve.time(flops, nbytes, self.peak * self.compute_speed, bandwidth / self.scale, self.additive)
         return max(t, max(flops / self.peak, nbytes / bandwidth))
 
     def predict(self, size) -> Prediction:

@@ -64,6 +64,8 @@ class _VirtualEngine:
     # Tokens of the step just taken (StepTimer.shape_change); None after idle. Kept only where the
     # timer charges shape changes.
     previous_tokens: int | None = None
+    # Sequences whose first token waits on this engine's next step (Replica.output_delay_steps).
+    first_pending: list = field(default_factory=list)
 
 
 class Replica:
@@ -74,7 +76,9 @@ class Replica:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
         # A sampled token reaches the client this many step times after its step ends (the serving
         # engine's output pipeline: EngineProfile.output_delay_steps); the client's first-token and
-        # finish times carry it, the scheduler does not wait for it.
+        # finish times carry it, the scheduler does not wait for it. A first token waits on the
+        # step after its own (it streams with the next token), so it is shifted once that step
+        # is timed (_VirtualEngine.first_pending).
         self.output_delay_steps = output_delay_steps
         # Exact prefix-cache keys for the block pool, when it is an ExactKeyBlockPool (block_pool.py).
         self.block_keys = block_keys
@@ -232,6 +236,7 @@ class Replica:
             run.commit(taken)
             engine.previous_tokens = batch
             times = ends[:taken]
+            self._first_tokens_out(engine, times[0] - now)
             last_step_s = times[-1] - (times[-2] if taken > 1 else now)
             finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
             self.busy_s += times[-1] - now
@@ -251,18 +256,17 @@ class Replica:
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
                accepted: dict | None = None, step_s: float = 0.0) -> None:
+        self._first_tokens_out(engine, step_s)  # this step follows theirs
         finished = engine.scheduler.update(out, self._sampled, now, accepted)
         if self.recorder.watch is not None or self.output_delay_steps:
-            # First tokens come from prompt chunks (steady decode runs never make one); told before
-            # the finished retire, so a one-token request is told of its first token too.
+            # First tokens come from prompt chunks (steady decode runs never make one); held before
+            # the finished retire, so a one-token request has its first token too.
             sequences = engine.sequences
             for chunk in out.chunks:
                 if chunk.is_prefill and chunk.samples:
                     seq = sequences[chunk.request_id]
                     if seq.first_token_time == now:
-                        seq.first_token_time += self.output_delay_steps * step_s
-                        if self.recorder.watch is not None:
-                            self.recorder.first_token(seq)
+                        engine.first_pending.append(seq)
         self.output_tokens += sampled
         for f in finished:
             self._retire(engine, f.request_id, step_s)
@@ -270,9 +274,21 @@ class Replica:
             self._next_sample_s = now + self.sample_every_s
             self._sample(now, out.num_batched_tokens)
 
+    def _first_tokens_out(self, engine: _VirtualEngine, next_step_s: float, only=None) -> None:
+        """The engine's held first tokens (of `only`, a sequence, else all) reach the client:
+        shifted by the output delay in steps of next_step_s, and told to the recorder's watch."""
+        pending = engine.first_pending
+        for seq in (pending if only is None else [s for s in pending if s is only]):
+            seq.first_token_time += self.output_delay_steps * next_step_s
+            if self.recorder.watch is not None:
+                self.recorder.first_token(seq)
+        engine.first_pending = [] if only is None else [s for s in pending if s is not only]
+
     def _retire(self, engine: _VirtualEngine, request_id: str, step_s: float = 0.0) -> None:
         """Book a request the scheduler has finished (in a step of step_s seconds)."""
         seq = engine.sequences.pop(request_id)
+        if engine.first_pending:
+            self._first_tokens_out(engine, step_s, only=seq)  # its first token streams with its last
         if self.output_delay_steps:
             seq.finish_time += self.output_delay_steps * step_s
         if self.speculation is not None:

@@ -91,3 +91,16 @@ def test_fit_lowers_the_error_and_cross_validates(tmp_path) -> None:
     from calibrate.engine_fit import predict
     before = summary_errors([predict(replace(base, request_s=0.0), r, 0.25) for r in runs])
     assert result.profile.errors["in_sample"]["ttft_mean_mdape"] < before["ttft_mean_mdape"]
+
+
+def test_saturated_runs_are_fitted_on_their_tpot_alone(tmp_path) -> None:
+    from calibrate.engine_fit import SATURATED_FIT_METRICS, fit_engine
+    path = tmp_path / "runs.md"
+    overloaded = "| c | `Qwen/Qwen2.5-7B-Instruct` | 1 | FP16 | 1024 | 0.9 | chat | 90000 | 95000 | 99000 | 60000 | 70000 | 80000 | 7.0 |\n"
+    path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048") + overloaded)
+    runs = read_runs(path, hardware="h100-sxm")
+    assert [r.saturated for r in runs] == [False, False, True]
+    *_, resid = fit_engine(load_engine(DEFAULT_GPU_ENGINE), runs, time_scale=0.25, max_evaluations=0, min_s=0.0)
+    assert SATURATED_FIT_METRICS == ("tpot",) and len(resid) == 3 + 3 + 1
+    with pytest.raises(ValueError, match="every run given was overloaded"):
+        fit_engine(load_engine(DEFAULT_GPU_ENGINE), runs[2:], max_evaluations=0)

@@ -133,3 +133,28 @@ def test_output_delay_adds_a_step_to_ttft_and_e2e_not_to_the_schedule() -> None:
     assert (added > 0).all() and added.max() < 0.05  # one step, a few ms to tens of ms
     assert (b["first_scheduled_s"] == a["first_scheduled_s"]).all()  # the scheduler did not wait for it
     assert ((b["e2e_s"] - a["e2e_s"]) > 0).all()
+
+
+def test_a_first_token_waits_on_the_step_after_its_own() -> None:
+    # One long prompt alone: its prefill step is many decode steps long; the first token streams
+    # with the second, so the delay is a decode step, not the prefill's.
+    spec = "synthetic:num=1,input=3000,output=20,rate=1"
+    base = replace(load_engine(DEFAULT_GPU_ENGINE), request_s=0.0, output_delay_steps=0.0)
+    config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm")
+    (a, b) = (simulate(config, load_workload(spec), engine_model(engine=replace(base, output_delay_steps=d),
+                                                                   max_num_seqs=256, mbt=8192)).requests.iloc[0]
+              for d in (0.0, 1.0))
+    decode_step = (a["e2e_s"] - a["ttft_s"]) / 19
+    assert b["ttft_s"] - a["ttft_s"] == pytest.approx(decode_step, rel=0.02)
+    assert a["ttft_s"] > 3 * decode_step
+
+
+def test_decode_attention_compute_speed_slows_grouped_heads_more() -> None:
+    # At a fiftieth of the curve's arithmetic speed, 8 query heads per K/V head turn compute-bound
+    # while one per K/V head stays memory-bound.
+    vllm = load_engine(DEFAULT_GPU_ENGINE)
+    fast, slow = (engine_model(engine=replace(vllm, scales={**vllm.scales, "attention_decode_compute": c}))
+                  for c in (1.0, 0.02))
+    for heads, kv_heads, slower in ((64, 8, True), (32, 32, False)):
+        t = [cm.predict_attention_decode(64, 2000, heads, kv_heads, 128, "bf16").time_s for cm in (fast, slow)]
+        assert (t[1] > 1.5 * t[0]) is slower
