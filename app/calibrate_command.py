@@ -1,4 +1,5 @@
-"""`servecast calibrate` (refit the shipped efficiency curves) and `servecast import-vidur`
+"""`servecast calibrate` (refit the shipped efficiency curves: into ./efficiency.json, or with
+--update-catalog into the simulator/catalog/efficiency.json every simulation reads) and `servecast import-vidur`
 (a Vidur profiling CSV as a servecast profile)."""
 
 from __future__ import annotations
@@ -9,13 +10,17 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from app.common import fail
+from app.common import fail, progress_bar
+
+DEFAULT_OUT = Path("efficiency.json")
 
 
 def calibrate_command(
     shared: Path = typer.Option(Path("../shared"), help="the shared data folder with profiles/vidur"),
-    out: Optional[Path] = typer.Option(None, help="parameter file to write (default: the shipped one); with "
+    out: Optional[Path] = typer.Option(None, help=f"parameter file to write (default: ./{DEFAULT_OUT}); with "
                                        "--runs: the engine profile to write"),
+    update_catalog: bool = typer.Option(False, "--update-catalog", help="write the refit into the installed "
+                                        "simulator/catalog/efficiency.json instead, which every simulation reads"),
     runs: Optional[Path] = typer.Option(None, help="instead: fit an engine profile on a markdown or CSV table of "
                                         "real runs (the shape of ../shared/reference/vllm-runs.md)"),
     engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to start from (default vllm-v0.15)"),
@@ -25,8 +30,11 @@ def calibrate_command(
     time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit"),
     evaluations: int = typer.Option(40, help="--runs: most simulations of every run while fitting"),
 ) -> None:
-    """Refit the shipped efficiency curves on the Vidur A100 profiles; print the A40 held-out error.
+    """Refit the shipped efficiency curves on the Vidur A100 profiles into ./efficiency.json (or
+    --out; --update-catalog: the installed catalog file); print the A40 held-out error.
     With --runs: fit a serving-engine profile on real runs, cross-validated."""
+    if update_catalog and runs is not None:
+        fail("--update-catalog refits the shipped efficiency curves; it does not apply to --runs (use --out)")
     if runs is not None:
         from app.runs_command import calibrate_runs
 
@@ -34,12 +42,28 @@ def calibrate_command(
         return
     from calibrate.fit import PARAMS_OUT, build_params
 
+    if update_catalog and out is not None:
+        fail("give --out FILE or --update-catalog, not both")
+    target = PARAMS_OUT if update_catalog else out or DEFAULT_OUT
+    # Checked before the fit, which takes minutes, so a bad path fails at once.
+    if target.is_dir():
+        fail(f"--out {target} is a folder: give a file path, e.g. {target / DEFAULT_OUT}")
+    if not target.parent.is_dir():
+        fail(f"--out {target}: folder {target.parent} does not exist; create it or choose another --out")
     try:
-        params = build_params(shared.resolve(), out or PARAMS_OUT)
+        with progress_bar("refitting {task.description}", transient=True) as bar:
+            task = bar.add_task("", total=None)
+            params = build_params(shared.resolve(), target, progress=lambda label, done, total: bar.update(
+                task, description=label, completed=done, total=total))
     except ValueError as exc:
         fail(str(exc))
-    Console().print(f"wrote {out or PARAMS_OUT}; A40 held-out MAPE: " +
+    except OSError as exc:
+        fail(f"{exc.filename or target}: {exc.strerror or exc}; check the path, or choose another --out")
+    Console().print(f"wrote {target.resolve()}; A40 held-out MAPE: " +
                     ", ".join(f"{k} {v:.1%}" for k, v in params["held_out_a40_mape"].items()))
+    if not update_catalog:
+        Console().print("the simulator reads simulator/catalog/efficiency.json, which is unchanged: rerun with "
+                        "--update-catalog to install this fit there")
 
 
 def import_vidur_command(

@@ -12,6 +12,7 @@ from app.common import fail
 def app_command(port: int = typer.Option(8501, help="port to serve the app on"),
                 headless: bool = typer.Option(False, "--headless", help="do not open a browser")) -> None:
     """Open the Streamlit app: plan a fleet, look at a trace."""
+    import os
     import subprocess
     import sys
     from importlib.util import find_spec
@@ -23,4 +24,13 @@ def app_command(port: int = typer.Option(8501, help="port to serve the app on"),
     main_page = Path(__file__).parent / "dashboard" / "main.py"
     command = [sys.executable, "-m", "streamlit", "run", str(main_page), "--server.port", str(port),
                "--server.headless", "true" if headless else "false", "--browser.gatherUsageStats", "false"]
-    raise typer.Exit(subprocess.call(command))
+    # Streamlit fails rather than move to another port, so this is the address it serves (it prints
+    # its own Local/Network URLs once up).
+    typer.echo(f"servecast app: serving on http://localhost:{port} (Ctrl-C to stop)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "nt":  # os.exec* there starts a new process and ends this one: the PID would change
+        raise typer.Exit(subprocess.call(command))
+    # Streamlit replaces this process, keeping its PID: whoever stops `servecast app` (a signal, a
+    # process manager, Ctrl-C) stops the server itself, and no child is left serving the port.
+    os.execv(sys.executable, command)

@@ -31,8 +31,9 @@ def latency_cdfs(requests: pd.DataFrame, label: str = "") -> go.Figure:
         values = np.sort(requests[column].dropna().to_numpy(dtype=float))
         if len(values):
             x, y = cdf_points(values)
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} {label}".strip(), showlegend=False),
-                          row=1, col=i)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} {label}".strip(), showlegend=False,
+                                     hovertemplate="%{fullData.name}: %{y:.1%} of requests within %{x:,.3f} s"
+                                                   "<extra></extra>"), row=1, col=i)
         fig.update_xaxes(title_text="seconds", row=1, col=i)
     fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
     fig.update_layout(title="Latency CDFs", height=360)
@@ -49,7 +50,9 @@ def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
         ts = ts.assign(throughput=(ts["output_tokens"].diff() / dt).where(dt > 0))
         for row, (column, _) in enumerate(panels, start=1):
             fig.add_trace(go.Scatter(x=ts["time_s"], y=ts[column], mode="lines", name=f"replica {replica}",
-                                     legendgroup=str(replica), showlegend=row == 1), row=row, col=1)
+                                     legendgroup=str(replica), showlegend=row == 1,
+                                     hovertemplate="%{fullData.name} at %{x:,.1f} s: %{y:,.3g}<extra></extra>"),
+                          row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(panels), col=1)
     fig.update_layout(title="Over time", height=1000)
     return fig
@@ -62,10 +65,12 @@ def time_split_figure(summary: dict) -> go.Figure:
              "host overhead": split["overhead"]}
     fig = make_subplots(rows=1, cols=2, specs=[[{"type": "domain"}, {"type": "xy"}]],
                         subplot_titles=["busy time by phase", "mean latency by part (s)"])
-    fig.add_trace(go.Pie(labels=list(parts), values=list(parts.values()), hole=0.4), row=1, col=1)
+    fig.add_trace(go.Pie(labels=list(parts), values=list(parts.values()), hole=0.4, name="busy time",
+                         hovertemplate="%{label}: %{value:,.2f} s busy (%{percent})<extra></extra>"), row=1, col=1)
     queue, ttft, e2e = summary["queue_s"]["mean"], summary["ttft_s"]["mean"], summary["e2e_s"]["mean"]
     latency = {"queueing": queue, "prefill (TTFT - queueing)": ttft - queue, "decode (E2E - TTFT)": e2e - ttft}
-    fig.add_trace(go.Bar(x=list(latency), y=list(latency.values()), showlegend=False), row=1, col=2)
+    fig.add_trace(go.Bar(x=list(latency), y=list(latency.values()), showlegend=False, name="mean latency",
+                         hovertemplate="%{x}: %{y:,.3f} s of the mean latency<extra></extra>"), row=1, col=2)
     fig.update_layout(title="Where time goes", height=380)
     return fig
 
@@ -73,7 +78,8 @@ def time_split_figure(summary: dict) -> go.Figure:
 def ttft_vs_prompt(requests: pd.DataFrame) -> go.Figure:
     finished = requests[requests["status"] == "finished"]
     fig = go.Figure(go.Scattergl(x=finished["prompt_tokens"], y=finished["ttft_s"], mode="markers",
-                                 marker=dict(size=4, opacity=0.5), name="requests"))
+                                 marker=dict(size=4, opacity=0.5), name="requests",
+                                 hovertemplate="a request of %{x:,} prompt tokens: TTFT %{y:,.3f} s<extra></extra>"))
     fig.update_layout(title="TTFT vs prompt length", xaxis_title="prompt tokens", yaxis_title="TTFT (s)", height=380)
     return fig
 
@@ -92,7 +98,10 @@ def intervals_figure(summary) -> go.Figure | None:
         values.append(value * 1e3)
         low.append(max(0.0, value - lo) * 1e3)
         high.append(max(0.0, hi - value) * 1e3)
-    fig = go.Figure(go.Bar(x=names, y=values, error_y=dict(type="data", array=high, arrayminus=low, visible=True)))
+    fig = go.Figure(go.Bar(x=names, y=values, error_y=dict(type="data", array=high, arrayminus=low, visible=True),
+                           name="predicted", customdata=[[v - lo_, v + hi_] for v, lo_, hi_ in zip(values, low, high)],
+                           hovertemplate="%{x}: %{y:,.1f} ms predicted<br>80 % interval %{customdata[0]:,.1f}-"
+                                         "%{customdata[1]:,.1f} ms<extra></extra>"))
     engine = summary["cost_model"].get("engine") or ""
     fig.update_layout(title=f"Predicted latencies with 80 % intervals ({engine}, from its cross-validated "
                             "errors on real runs)", yaxis_title="ms", yaxis_type="log", height=380)
@@ -133,15 +142,3 @@ def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figur
     fig.update_layout(title=f"Cost vs latency at traffic x{growth:g}", xaxis_title="$ per hour",
                       yaxis_title="E2E p99 (s)", height=420)
     return fig
-
-
-def plan_report(path: Path, document: dict) -> None:
-    """The plan: the Pareto chart per traffic growth, then the whole plan as JSON."""
-    figures = []
-    for g in document["growth"]:
-        rows = [r for r in document["candidates"] if r["rate_scale"] == g]
-        figures.append(pareto_figure(rows, document["pareto"][str(g)], g))
-    best = document["recommendation"].get(str(document["growth"][0]))
-    notes = (f"Recommended: {best['replicas']} x {best['candidate']} at ${best['usd_per_hour']:.2f}/hour"
-             if best else "No candidate meets the SLOs.")
-    write_report(path, f"servecast plan: {document['model']} under {document['slo']}", document, figures, notes)

@@ -1,8 +1,8 @@
 """Fit efficiency curves (simulator/cost/efficiency.py) to measured operator times. No torch.
 
 `fit_curve` fits one operator family of one or more profiles by least squares on log time.
-`servecast calibrate` (and `python -m calibrate.fit`) fits the shipped parameter file
-simulator/catalog/efficiency.json from the Vidur A100 profiles in ../shared.
+`build_params` (`servecast calibrate`; `python -m calibrate.fit` writes the catalog's file) refits
+the parameters simulator/catalog/efficiency.json ships, from the Vidur A100 profiles in ../shared.
 """
 
 from __future__ import annotations
@@ -143,8 +143,19 @@ def vidur_profiles(sku: str, shared: Path = SHARED) -> list:
     return [import_vidur_compute(f) for f in files]
 
 
-def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
-    """GEMM and elementwise curves fitted on the Vidur A100 profiles (fp16)."""
+# progress(what is being fitted now, steps done, steps in all): called before each step of a
+# fit and once more, with done == total, at the end.
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(label: str, done: int, total: int) -> None:
+    pass
+
+
+def fit_gpu_curves(shared: Path = SHARED, progress: Progress | None = None,
+                   steps_after: int = 0) -> dict[str, EfficiencyCurve]:
+    """GEMM and elementwise curves fitted on the Vidur A100 profiles (fp16); progress is told of each
+    curve, out of the curves and the steps_after the caller still has to do."""
     from simulator.catalog.hardware import get_accelerator
     from simulator.cost.curves import curve_keys_of, work_of
 
@@ -156,8 +167,15 @@ def fit_gpu_curves(shared: Path = SHARED) -> dict[str, EfficiencyCurve]:
                 continue  # a lookup, not a streaming op
             for key in curve_keys_of(m):
                 groups.setdefault(key, []).append(Sample(*work_of(m), m.time_s))
-    return {key: fit_curve(samples, a100.peak_flops("fp16"), a100.memory_bandwidth)
-            for key, samples in groups.items() if len(samples) >= 8}
+    groups = {key: samples for key, samples in groups.items() if len(samples) >= 8}
+    progress = progress or _no_progress
+    curves = {}
+    for done, (key, samples) in enumerate(groups.items()):
+        progress(f"curve {key}", done, len(groups) + steps_after)
+        curves[key] = fit_curve(samples, a100.peak_flops("fp16"), a100.memory_bandwidth)
+    if not steps_after:
+        progress("curves fitted", len(groups), len(groups))
+    return curves
 
 
 def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> dict[str, float]:
@@ -232,10 +250,18 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
             "latency_fitted_on": "Splitwise A100 Llama-2-70B decode steps, TP 2/4/8"}
 
 
-def build_params(shared: Path = SHARED, out: Path = PARAMS_OUT) -> dict:
-    curves = fit_gpu_curves(shared)
-    all_reduce = fit_collective_latency(curves, fit_all_reduce(shared), shared)
+def build_params(shared: Path = SHARED, out: Path = PARAMS_OUT, progress: Progress | None = None) -> dict:
+    """Fit every curve and the collectives, measure the A40 held-out error, write them to out."""
+    progress = progress or _no_progress
+    curves = fit_gpu_curves(shared, progress, steps_after=3)
+    total = len(curves) + 3
+    progress("all-reduce (Vidur A100 DGX)", len(curves), total)
+    all_reduce = fit_all_reduce(shared)
+    progress("collective latency (Splitwise decode steps)", len(curves) + 1, total)
+    all_reduce = fit_collective_latency(curves, all_reduce, shared)
+    progress("A40 held-out error", len(curves) + 2, total)
     held_out = gpu_held_out(curves, shared)
+    progress("done", total, total)
     gemm_error = float(np.mean([held_out[op] for op in HELD_OUT_OPS]))
     by_curve = {(f"gemm:{k}" if k in HELD_OUT_OPS else f"elementwise:{k}"): round(v, 4) for k, v in held_out.items()}
     by_curve["gemm"] = round(gemm_error, 4)

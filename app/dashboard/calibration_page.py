@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from app.dashboard.tables import readable
 from simulator.catalog.hardware import load_hardware
 from simulator.catalog.models import catalog_model_ids, load_model
 from calibrate.fitting import load_cost_model
@@ -19,6 +20,10 @@ from simulator.cost.profile_format import Profile
 # the project ships (profiles/: GPU kernel times among them).
 SHIPPED_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 PROFILE_PLACES = (Path.home() / ".cache" / "servecast", SHIPPED_PROFILES)
+
+
+PROFILE_COLUMNS = {"profile": "Profile file", "hardware": "Accelerator", "device": "Device", "dtype": "Data type",
+                   "threads": "Threads", "measurements": "Measurements", "operators": "Measurements by operator"}
 
 
 @st.cache_data(show_spinner=False)
@@ -35,7 +40,7 @@ def profiles_on_hand(places: tuple[str, ...]) -> pd.DataFrame:
                          "device": profile.fingerprint.get("device_name"), "dtype": profile.fingerprint.get("dtype"),
                          "threads": profile.fingerprint.get("threads"), "measurements": len(profile.measurements),
                          "operators": ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))})
-    return pd.DataFrame(rows, columns=["profile", "hardware", "device", "dtype", "threads", "measurements", "operators"])
+    return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS)).rename(columns=PROFILE_COLUMNS)
 
 
 def provenance_section() -> None:
@@ -63,12 +68,14 @@ def provenance_section() -> None:
     except ValueError as exc:
         st.error(str(exc))
         return
-    table = pd.DataFrame([{"operator": name, "time_ms": t * 1e3, "share": t / step.total_s,
-                           "provenance": step.provenance[name], "expected_error": step.expected_error[name]}
+    table = pd.DataFrame([{"Operator": name, "Time (ms)": t * 1e3, "Share of the step (%)": 100 * t / step.total_s,
+                           "Source": step.provenance[name], "Expected error (%)": 100 * step.expected_error[name]}
                           for name, t in sorted(step.by_operator.items(), key=lambda kv: -kv[1])])
     st.metric("step time", f"{step.total_s * 1e3:,.3f} ms")
-    st.dataframe(table, hide_index=True)
-    measured = table.loc[table["provenance"].isin(["measured", "interpolated"]), "share"].sum()
+    st.dataframe(readable(table), hide_index=True,
+                 column_config={c: st.column_config.NumberColumn(format="%.1f" if "%" in c else "%.4f")
+                                for c in ("Time (ms)", "Share of the step (%)", "Expected error (%)")})
+    measured = table.loc[table["Source"].isin(["measured", "interpolated"]), "Share of the step (%)"].sum() / 100
     st.caption(f"{measured:.0%} of this step's time is read from measurements (measured or interpolated); "
                "the rest is fitted or extrapolated from the catalog's roofline and efficiency curves")
 
@@ -83,7 +90,7 @@ def validation_section() -> None:
     if not errors.is_file():
         st.error(f"no errors.csv in {folder}: give the folder `servecast validate --out` wrote")
         return
-    st.dataframe(pd.read_csv(errors), hide_index=True)
+    st.dataframe(readable(pd.read_csv(errors)), hide_index=True)
     report = Path(folder) / "report.html"
     if report.is_file():
         st.download_button("report.html", report.read_bytes(), "validation-report.html", "text/html")
@@ -97,7 +104,7 @@ def main() -> None:
         st.info("No profiles under ~/.cache/servecast or profiles/ yet: `servecast profile --out FILE` "
                 "measures this device.")
     else:
-        st.dataframe(found, hide_index=True)
+        st.dataframe(readable(found), hide_index=True)
     provenance_section()
     validation_section()
 

@@ -7,11 +7,14 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.dashboard.widgets import fleet_input, simulate_fleet, trace_input
+from app.labels import MISSING
 
-METRICS = [("throughput", "output_tokens_per_s", "output tokens/s", 1.0), ("ttft_s", "p50", "TTFT p50 (ms)", 1e3),
-           ("ttft_s", "p99", "TTFT p99 (ms)", 1e3), ("tpot_s", "p50", "TPOT p50 (ms)", 1e3),
-           ("tpot_s", "p99", "TPOT p99 (ms)", 1e3), ("e2e_s", "p99", "E2E p99 (s)", 1.0),
-           ("cost", "usd_per_hour", "$ / hour", 1.0), ("cost", "usd_per_million_output_tokens", "$ / M output tokens", 1.0)]
+# (summary part, figure, label with unit, multiplier to that unit, format)
+METRICS = [("throughput", "output_tokens_per_s", "Output tokens/s", 1.0, "{:,.0f}"),
+           ("ttft_s", "p50", "TTFT p50 (ms)", 1e3, "{:,.0f}"), ("ttft_s", "p99", "TTFT p99 (ms)", 1e3, "{:,.0f}"),
+           ("tpot_s", "p50", "TPOT p50 (ms)", 1e3, "{:,.1f}"), ("tpot_s", "p99", "TPOT p99 (ms)", 1e3, "{:,.1f}"),
+           ("e2e_s", "p99", "E2E p99 (s)", 1.0, "{:,.2f}"), ("cost", "usd_per_hour", "$ / hour", 1.0, "${:,.2f}"),
+           ("cost", "usd_per_million_output_tokens", "$ / M output tokens", 1.0, "${:,.3f}")]
 
 
 def main() -> None:
@@ -27,9 +30,10 @@ def main() -> None:
     if any(r is None for r in results.values()):
         return
     rows = []
-    for group, key, label, scale in METRICS:
-        values = {name: r.summary[group][key] for name, r in results.items()}
-        rows.append({"metric": label, **{n: None if v is None else v * scale for n, v in values.items()}})
+    for group, key, label, scale, fmt in METRICS:  # the figures in their units, as text: a dash where none
+        values = {f"Fleet {name}": r.summary[group][key] for name, r in results.items()}
+        rows.append({"Figure": label,
+                     **{n: MISSING if v is None else fmt.format(v * scale) for n, v in values.items()}})
     table = pd.DataFrame(rows)
     st.dataframe(table, hide_index=True)
     fig = go.Figure()
@@ -37,7 +41,9 @@ def main() -> None:
         finished = r.requests[r.requests["status"] == "finished"]
         values = finished["e2e_s"].sort_values().to_numpy()
         fig.add_trace(go.Scatter(x=values, y=[(i + 1) / len(values) for i in range(len(values))], mode="lines",
-                                 name=f"{name}: {r.summary['replicas']} x {r.summary['hardware']}"))
+                                 name=f"{name}: {r.summary['replicas']} x {r.summary['hardware']}",
+                                 hovertemplate="%{fullData.name}: %{y:.1%} of requests within %{x:,.2f} s"
+                                               "<extra></extra>"))
     fig.update_layout(title="E2E latency CDF", xaxis_title="seconds", yaxis_title="fraction of requests", height=360)
     st.plotly_chart(fig, key="cdf")
     st.download_button("comparison (CSV)", table.to_csv(index=False), "compare.csv", "text/csv")

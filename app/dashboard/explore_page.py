@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app.common import dumps
+from app import html_report
 from app.dashboard.widgets import fleet_input, simulate_fleet, trace_input
-from app.html_report import intervals_figure, latency_cdfs, time_split_figure, timeseries_figure, ttft_vs_prompt
 
 
 def main() -> None:
@@ -26,13 +26,13 @@ def main() -> None:
     c4.metric("E2E p99", f"{s['e2e_s']['p99']:,.2f} s")
     cost = s["cost"]["usd_per_million_output_tokens"]
     c5.metric("$ / M output tokens", "-" if cost is None else f"${cost:,.2f}")
-    intervals = intervals_figure(s)
+    intervals = html_report.intervals_figure(s)
     if intervals is not None:
         st.plotly_chart(intervals, key="intervals")
-    st.plotly_chart(latency_cdfs(result.requests), key="cdfs")
-    st.plotly_chart(time_split_figure(s), key="split")
-    st.plotly_chart(ttft_vs_prompt(result.requests), key="scatter")
-    st.plotly_chart(timeseries_figure(result.timeseries), key="timeseries")
+    st.plotly_chart(html_report.latency_cdfs(result.requests), key="cdfs")
+    st.plotly_chart(html_report.time_split_figure(s), key="split")
+    st.plotly_chart(html_report.ttft_vs_prompt(result.requests), key="scatter")
+    st.plotly_chart(html_report.timeseries_figure(result.timeseries), key="timeseries")
     # Written when asked for: a per-request CSV takes longer than the charts to make.
     st.download_button("requests (CSV)", lambda: result.requests.to_csv(index=False), "requests.csv", "text/csv")
     st.download_button("summary (JSON)", dumps(s), "summary.json", "application/json")

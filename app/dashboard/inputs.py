@@ -7,14 +7,10 @@ import tempfile
 from pathlib import Path
 
 from simulator.workload.load import load_workload
-from simulator.workload.requests import BUNDLED_LENGTHS, Workload, WorkloadError
+from simulator.workload.requests import Workload, WorkloadError
 
 MAX_UPLOAD_BYTES = 20 * 2**20
 UPLOAD_SUFFIXES = (".csv", ".jsonl")
-
-
-def bundled_spec(num: int, rate: float) -> str:
-    return f"synthetic:num={num},lengths={BUNDLED_LENGTHS},rate={rate:g}"
 
 
 def workload_from_spec(spec: str, seed: int = 0) -> Workload:

@@ -1,19 +1,28 @@
-"""Plan page: the cheapest fleet that meets the SLOs for a trace, with the cost/latency trade-off."""
+"""Plan page: the cheapest fleet that meets the SLOs for a trace, with the cost/latency trade-off.
+Its defaults are the plan question of `servecast plan` (app/plan_defaults.py): the same answer."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import streamlit as st
 
-from app.dashboard.widgets import trace_input
-from app.html_report import pareto_figure
-from app.plan_command import priced_gpus
+from app import html_report, labels, plan_defaults, plan_words
+from app.dashboard import tables
+from app.dashboard.widgets import trace_input, trace_words
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
-from simulator.plan.capacity import CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
 from simulator.plan.grid import candidate_grid
+
+QUANTS, TPS, GROWTHS = ["bf16", "fp8", "int8", "int4"], [1, 2, 4, 8], [1.0, 2.0, 4.0]
+FEASIBLE = ["candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
+            "tpot_p99_s", "e2e_p99_s", "headroom", "replicas_slow_end"]
+# The recommended fleet's latency figures against their SLOs: (row field, summary figure, SLO).
+LATENCIES = (("ttft_p99_s", "ttft_s.p99", "ttft_p99"), ("tpot_p99_s", "tpot_s.p99", "tpot_p99"),
+             ("e2e_p99_s", "e2e_s.p99", "e2e_p99"))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -25,50 +34,76 @@ def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: t
     return [r.row() for r in result.results]
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def fleet_summary(model: str, trace_key: str, _workload, slo: tuple, candidate: tuple, replicas: int,
+                  rate_scale: float) -> dict:
+    """The summary of one planned fleet, simulated as the planner simulated it (its probe traffic,
+    its config): the same latencies as its plan row, with the engine profile's 80 % intervals."""
+    from simulator.fleet.run import simulate
+
+    spec = PlanSpec(model, _workload, dict(slo))
+    return simulate(spec.config(Candidate(**dict(candidate)), replicas), spec.probe(rate_scale)).summary.to_dict()
+
+
+def markdown_text(text: str) -> str:
+    """Text shown literally by st.markdown ($ would start LaTeX, _ and * emphasis)."""
+    return "".join("\\" + c if c in "\\`*_[]<>$~|#" else c for c in text)
+
+
 def main() -> None:
     st.title("Plan: the cheapest fleet that meets the SLOs")
     models = catalog_model_ids()
-    model = st.selectbox("Model", models, index=models.index("llama-3.1-8b") if "llama-3.1-8b" in models else 0)
-    workload, trace_key = trace_input("plan")
-    gpus = priced_gpus()
+    default_model = models.index(plan_defaults.MODEL) if plan_defaults.MODEL in models else 0
+    model = st.selectbox("Model", models, index=default_model)
+    workload, trace_key = trace_input("plan", plan_defaults.NUM_REQUESTS, plan_defaults.RATE)
+    gpus = plan_defaults.priced_gpus()
+    slo_defaults = plan_defaults.SLO_VALUES
     with st.form("plan_form"):
         col1, col2 = st.columns(2)
-        ttft = col1.number_input("TTFT p99 SLO (s)", 0.01, 120.0, 2.0, key="ttft")
-        tpot = col2.number_input("TPOT p99 SLO (ms)", 1.0, 10000.0, 100.0, key="tpot")
-        hardware = st.multiselect("Hardware", gpus, default=[g for g in ("h100-sxm", "a100-80gb", "l40s") if g in gpus],
-                                  key="hardware")
-        quant = st.multiselect("Weight precision", ["bf16", "fp8", "int8", "int4"], default=["bf16", "fp8"],
-                               key="quant")
-        tp = st.multiselect("Tensor parallelism", [1, 2, 4, 8], default=[1, 2], key="tp")
+        ttft = col1.number_input("TTFT p99 SLO (s)", 0.01, 120.0, float(slo_defaults["ttft_p99"]), key="ttft")
+        tpot = col2.number_input("TPOT p99 SLO (ms)", 1.0, 10000.0, float(slo_defaults["tpot_p99"]) * 1e3, key="tpot")
+        hardware = st.multiselect("Hardware", gpus, default=gpus, key="hardware")
+        quant = st.multiselect("Weight precision", QUANTS, default=list(plan_defaults.QUANT), key="quant")
+        tp = st.multiselect("Tensor parallelism", TPS, default=list(plan_defaults.TP), key="tp")
         placements = st.multiselect("Experts under TP (mixture-of-experts models)",
                                     ["sliced (TP)", "whole per rank (EP)"], default=["sliced (TP)"], key="ep",
                                     help="EP: each rank holds whole experts and tokens travel to them (all-to-all)")
-        growth = st.multiselect("Traffic growth", [1.0, 2.0, 4.0], default=[1.0], key="growth")
+        growth = st.multiselect("Traffic growth", GROWTHS, default=list(plan_defaults.GROWTH), key="growth")
         slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
                                       key="slo_sensitivity")
         submitted = st.form_submit_button("Plan")
     if workload is None:
         return
+    asked = plan_words.question(model, trace_words("plan", workload), hardware, quant, tp,
+                                {"ttft_p99": float(ttft), "tpot_p99": float(tpot) / 1e3}, growth)
+    st.markdown("**The question:** " + markdown_text(asked))
     if submitted:
         if not (hardware and quant and tp and growth):
             st.warning("Choose at least one hardware, precision, TP size and growth factor.")
             return
         moe = load_model(model).is_moe
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
-        candidates = tuple(candidate_grid(hardware, quant, tp, expert_parallel=modes))
+        candidates = tuple(candidate_grid(hardware, quant, tp, plan_defaults.PP, expert_parallel=modes))
         if not candidates:
             st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
             return
         slo = (("ttft_p99", float(ttft)), ("tpot_p99", float(tpot) / 1e3))
         factors = (1.0, 0.5, 2.0) if slo_sensitivity else (1.0,)
+        points = len(candidates) * len(growth)
+        workers = min(os.cpu_count() or 1, points) if points > 1 else 0  # processes as `servecast plan` runs
         by_slo = {}
-        with st.spinner(f"planning {len(candidates) * len(growth) * len(factors)} points"):
+        with st.spinner(f"planning {points * len(factors)} points"):
             for f in factors:
                 scaled = tuple((k, v * f) for k, v in slo)
-                by_slo[f] = cached_plan(model, trace_key, workload, scaled, candidates, tuple(sorted(growth)), 0)
-        st.session_state["plan"] = (by_slo[1.0], sorted(growth), by_slo)
+                by_slo[f] = cached_plan(model, trace_key, workload, scaled, candidates, tuple(sorted(growth)), workers)
+        st.session_state["plan"] = {"question": asked, "rows": by_slo[1.0], "growth": sorted(growth),
+                                    "by_slo": by_slo, "ask": (model, trace_key, workload, slo)}
     if "plan" in st.session_state:
-        show(*st.session_state["plan"])
+        plan = st.session_state["plan"]
+        if plan["question"] != asked:
+            st.info("The plan below answers an earlier question: " + markdown_text(plan["question"])
+                    + ". Press Plan to answer this one.")
+        show(plan["rows"], plan["growth"], plan["by_slo"], plan["ask"])
     else:
         st.info("Set the SLOs and candidates, then press Plan.")
 
@@ -77,6 +112,10 @@ def cheapest(rows: list[dict]) -> dict | None:
     """The planner's recommendation (simulator.plan.capacity.recommend) among these rows."""
     best = recommend([CandidateResult.from_row(r) for r in rows])
     return best.row() if best is not None else None
+
+
+def fleet_name(row: dict | None) -> str:
+    return f"{row['replicas']} x {row['candidate']}" if row else "no fleet meets the SLOs"
 
 
 def sensitivity(by_growth: dict[float, dict | None], by_slo: dict[float, dict | None]) -> None:
@@ -89,16 +128,53 @@ def sensitivity(by_growth: dict[float, dict | None], by_slo: dict[float, dict | 
             continue
         xs = sorted(points)
         fig = go.Figure(go.Scatter(x=xs, y=[points[x]["usd_per_hour"] if points[x] else None for x in xs],
-                                   text=[f"{points[x]['replicas']} x {points[x]['candidate']}" if points[x]
-                                         else "no fleet meets the SLOs" for x in xs], mode="lines+markers"))
+                                   text=[fleet_name(points[x]) for x in xs], mode="lines+markers",
+                                   name="recommended fleet",
+                                   hovertemplate=f"{axis}%{{x:g}}: %{{text}}<br>$%{{y:.2f}} / hour<extra></extra>"))
         fig.update_layout(title=title, xaxis_title=axis, yaxis_title="recommended $ / hour", height=320)
         st.plotly_chart(fig, key=title)
 
 
-def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]] | None = None) -> None:
+def recommended(best: dict, ask: tuple, growth: float) -> None:
+    """The recommended fleet: its cost, its latencies against the SLOs with their 80 % intervals,
+    and the replicas it needs if serving runs at the slow end of those intervals."""
+    model, trace_key, workload, slo = ask
+    st.success(f"Recommended: {fleet_name(best)} -- {labels.text('usd_per_hour', best['usd_per_hour'])} / hour, "
+               f"{labels.text('usd_per_million_output_tokens', best['usd_per_million_output_tokens'])} "
+               "per million output tokens")
+    candidate = tuple((k, best[k]) for k in Candidate.__dataclass_fields__)
+    with st.spinner("simulating the recommended fleet for its intervals"):
+        summary = fleet_summary(model, trace_key, workload, slo, candidate, best["replicas"], growth)
+    intervals, limits = summary.get("intervals") or {}, dict(slo)
+    rows = []
+    for field, figure, target in LATENCIES:
+        name, stat = figure.split(".")
+        interval = intervals.get(figure)
+        rows.append({"Figure": labels.label(field), "Predicted": labels.text(field, summary[name][stat]),
+                     "80 % interval": (f"{labels.text(field, interval[0])} to {labels.text(field, interval[1])}"
+                                       if interval else labels.MISSING),
+                     "SLO limit": labels.text(field, limits.get(target))})
+    tables.show(pd.DataFrame(rows))
+    if intervals:
+        slow = best.get("replicas_slow_end")
+        needs = (f"{slow} replica{'s' if slow != 1 else ''} if serving runs" if slow is not None
+                 else "No fleet of this deployment meets the SLOs if serving runs")
+        st.caption(f"{needs} at the slow end of the 80 % interval (the engine profile's cross-validated errors "
+                   "on real runs).")
+        st.plotly_chart(html_report.intervals_figure(summary), key=f"intervals_{growth}")
+    else:
+        st.caption("This engine has no 80 % intervals (an engine profile fitted on real runs gives them).")
+
+
+def infeasible(rows: list[dict]) -> pd.DataFrame:
+    """The candidates that meet the SLOs with no fleet, one row per reason (plan_words.reason_groups)."""
+    return pd.DataFrame([{labels.label("reason"): reason, "How many": len(which), "Deployments": ", ".join(which)}
+                         for reason, which in plan_words.reason_groups(rows)])
+
+
+def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]], ask: tuple) -> None:
     sensitivity({g: cheapest([r for r in rows if r["rate_scale"] == g]) for g in growth},
-                {f: cheapest([r for r in slo_rows if r["rate_scale"] == growth[0]])
-                 for f, slo_rows in (by_slo or {}).items()})
+                {f: cheapest([r for r in slo_rows if r["rate_scale"] == growth[0]]) for f, slo_rows in by_slo.items()})
     for g in growth:
         at = [r for r in rows if r["rate_scale"] == g]
         st.subheader(f"Traffic x{g:g}")
@@ -106,15 +182,21 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]] 
         if best is None:
             st.error("No candidate meets the SLOs at this traffic; see the reasons below.")
         else:
-            st.success(f"Recommended: {best['replicas']} x {best['candidate']} -- ${best['usd_per_hour']:.2f}/hour, "
-                       f"${best['usd_per_million_output_tokens']:.2f} per million output tokens")
+            recommended(best, ask, g)
             front = [r.candidate.label for r in pareto_front([CandidateResult.from_row(r) for r in at])]
-            st.plotly_chart(pareto_figure(at, front, g), key=f"pareto_{g}")
-        table = pd.DataFrame(at)[["candidate", "feasible", "replicas", "gpus", "usd_per_hour",
-                                  "usd_per_million_output_tokens", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s",
-                                  "headroom", "reason"]]
-        st.dataframe(table, hide_index=True)
-        st.download_button("candidates (CSV)", table.to_csv(index=False), f"plan_x{g:g}.csv", "text/csv",
+            st.plotly_chart(html_report.pareto_figure(at, front, g), key=f"pareto_{g}")
+        feasible = sorted((r for r in at if r["feasible"]),
+                          key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r["e2e_p99_s"] or 0.0))
+        if feasible:
+            st.markdown(f"**Fleets that meet the SLOs**, cheapest first ({len(feasible)})")
+            tables.show(*tables.frame(feasible, FEASIBLE))
+        failed = [r for r in at if not r["feasible"]]
+        if failed:
+            st.markdown(f"**Deployments with no fleet that meets the SLOs** ({len(failed)}), by reason")
+            tables.show(infeasible(failed))
+        everything = pd.DataFrame({labels.label(f): [labels.value(f, r.get(f)) for r in at]
+                                   for f in FEASIBLE[:1] + ["feasible"] + FEASIBLE[1:] + ["reason"]})
+        st.download_button("candidates (CSV)", everything.to_csv(index=False), f"plan_x{g:g}.csv", "text/csv",
                            key=f"csv_{g}")
     st.download_button("whole plan (JSON)", json.dumps(rows, indent=2, default=str), "plan.json", "application/json",
                        key="json_all")

@@ -28,13 +28,16 @@ def main() -> None:
     span = max(frame["arrival_s"].max() - start, 1e-9)
     bins = max(1, min(100, len(frame) // 10))
     counts, edges = np.histogram(frame["arrival_s"] - start, bins=bins, range=(0, span))
-    arrivals = go.Figure(go.Bar(x=edges[:-1], y=counts / (span / bins)))
+    arrivals = go.Figure(go.Bar(x=edges[:-1], y=counts / (span / bins), name="arrival rate",
+                                hovertemplate="from %{x:,.1f} s: %{y:,.2f} requests/s<extra></extra>"))
     arrivals.update_layout(title="Arrival rate over time", xaxis_title="seconds", yaxis_title="requests/s", height=320)
     st.plotly_chart(arrivals, key="arrivals")
     lengths = go.Figure()
     for column in ("prompt_tokens", "output_tokens"):
-        lengths.add_trace(go.Histogram(x=frame[column], name=column, opacity=0.6))
-    lengths.update_layout(title="Lengths", barmode="overlay", xaxis_title="tokens", height=320)
+        name = column.replace("_", " ")
+        lengths.add_trace(go.Histogram(x=frame[column], name=name, opacity=0.6,
+                                       hovertemplate=f"%{{y:,}} requests of %{{x}} {name}<extra></extra>"))
+    lengths.update_layout(title="Lengths", barmode="overlay", xaxis_title="tokens", yaxis_title="requests", height=320)
     st.plotly_chart(lengths, key="lengths")
     shared = (frame["shared_segments"] > 0).mean()
     st.caption(f"{shared:.0%} of requests share prompt segments with others (prefix reuse)")

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 
 import streamlit as st
 
-from app.dashboard.inputs import bundled_spec, workload_from_spec, workload_from_upload
+from app.dashboard.inputs import workload_from_spec, workload_from_upload
+from app.plan_defaults import trace as bundled_spec
 from simulator.workload.requests import WorkloadError
 
 
-def trace_input(key: str):
+BUNDLED = "bundled ShareGPT lengths"
+
+
+def trace_input(key: str, num: int = 200, rate: float = 8.0):
     """The workload chosen on the page (bundled, a spec, or an upload) and a key for caching, or
-    (None, None) after showing what is wrong with it."""
-    source = st.radio("Trace", ["bundled ShareGPT lengths", "trace spec", "upload"], horizontal=True, key=f"{key}_src")
+    (None, None) after showing what is wrong with it. num, rate: the bundled trace's defaults."""
+    source = st.radio("Trace", [BUNDLED, "trace spec", "upload"], horizontal=True, key=f"{key}_src")
     try:
-        if source == "bundled ShareGPT lengths":
-            num = st.number_input("requests", 20, 200_000, 200, step=20, key=f"{key}_num")
-            rate = st.number_input("arrival rate (req/s)", 0.1, 1000.0, 8.0, key=f"{key}_rate")
+        if source == BUNDLED:
+            num = st.number_input("requests", 20, 200_000, num, step=20, key=f"{key}_num")
+            rate = st.number_input("arrival rate (req/s)", 0.1, 1000.0, float(rate), key=f"{key}_rate")
             spec = bundled_spec(int(num), float(rate))
             return workload_from_spec(spec), spec
         if source == "trace spec":
@@ -37,9 +42,21 @@ def trace_input(key: str):
         return None, None
 
 
+def trace_words(key: str, workload) -> str:
+    """The trace chosen by trace_input(key) in words, e.g. "400 requests at 8 req/s (ShareGPT lengths)"."""
+    state = st.session_state
+    if state.get(f"{key}_src", BUNDLED) == BUNDLED:
+        return f"{int(state[f'{key}_num']):,} requests at {float(state[f'{key}_rate']):g} req/s (ShareGPT lengths)"
+    name = state.get(f"{key}_spec") if state.get(f"{key}_src") == "trace spec" else \
+        getattr(state.get(f"{key}_upload"), "name", "the upload")
+    rate = workload.rate_per_s
+    return f"{len(workload):,} requests of {name}" + (f" at {rate:.3g} req/s" if math.isfinite(rate)
+                                                      else " all at once")
+
+
 def fleet_input(key: str, defaults: dict | None = None) -> dict:
     """One fleet configuration (SimConfig fields) chosen on the page."""
-    from app.plan_command import priced_gpus
+    from app.plan_defaults import priced_gpus
     from simulator.catalog.models import catalog_model_ids
 
     from simulator.catalog.engines import DEFAULT_GPU_ENGINE, engine_ids

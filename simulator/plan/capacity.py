@@ -9,8 +9,14 @@ hold the model, or meets the SLOs with no fleet up to max_replicas, is reported 
 
 Headroom is the largest rate scale (x the trace's rate) the chosen fleet still meets the SLOs at,
 found the same way (doubling, then bisection to 5%); none for a trace that arrives all at once.
-SLOs on p99s of a few hundred requests are noisy near the threshold (one request more or less past
-the limit), so a fleet a replica or two either side of the answer can differ from it.
+
+Every rate is probed on the same stretch of time (PlanSpec.probe): the trace compressed to the rate,
+then played again back to back until it spans the trace's own duration or min_duration_s, whichever
+is longer, and holds min_requests. A trace merely compressed lasts seconds at a high rate and
+measures its start-up transient, which a larger fleet leaves later than a smaller one (headroom
+grew faster than the fleet); a stretch of many request lifetimes measures the steady state, where
+twice the replicas absorb about twice the traffic. A p99 rests on min_requests / 100 requests at
+least.
 """
 
 from __future__ import annotations
@@ -56,10 +62,17 @@ class PlanSpec:
     seed: int = 0
     # Further SimConfig fields shared by every candidate (block_size, max_num_seqs, router, ...).
     knobs: dict = field(default_factory=dict)
+    min_requests: int = 1000  # simulated at every rate probed: ten requests past a p99
+    min_duration_s: float = 120.0  # of simulated traffic at every rate probed: many request lifetimes
 
     def __post_init__(self) -> None:
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be at least 1, got {self.max_replicas}")
+
+    def probe(self, rate_scale: float) -> Workload:
+        """The traffic simulated at rate_scale x the trace's rate (see the module's docstring)."""
+        span = max(self.workload.duration_s, self.min_duration_s)
+        return self.workload.scaled(rate_scale).repeated(span, self.min_requests)
 
     def config(self, candidate: Candidate, replicas: int) -> SimConfig:
         fields = {k: v for k, v in asdict(candidate).items() if v is not None}
@@ -80,6 +93,11 @@ class CandidateResult:
     tpot_p99_s: float | None = None
     e2e_p99_s: float | None = None
     headroom: float | None = None
+    requests: int | None = None  # simulated in the run the answer rests on (its p99s: a hundredth past them)
+    # The engine profile's 80 % intervals of the p99s ([lo, hi] s by field); TPOT p99's from the
+    # mean TPOT's errors (the real runs fitted on have no TPOT percentiles).
+    intervals: dict | None = None
+    slo_miss: float | None = None  # infeasible on SLOs: the worst SLO's measured / limit at the most replicas
     # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
     replicas_slow_end: int | None = None
     simulations: int = 0
@@ -99,6 +117,8 @@ class CandidateResult:
 
 
 Simulate = Callable[[SimConfig, Workload, CostModel], dict]
+# A result's p99 field -> the engine profile's residuals its interval comes from.
+INTERVAL_OF = {"ttft_p99_s": "ttft_p99", "tpot_p99_s": "tpot", "e2e_p99_s": "e2e_p99"}
 
 
 def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> dict:
@@ -114,7 +134,7 @@ def meets(summary: dict) -> bool:
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
                    run: Simulate = run_summary, headroom: bool = True) -> CandidateResult:
     """The fewest replicas of this candidate that meet the SLOs at rate_scale x the trace's rate."""
-    workload = spec.workload.scaled(rate_scale) if rate_scale != 1.0 else spec.workload
+    workload = spec.probe(rate_scale)
     result = CandidateResult(candidate, rate_scale, feasible=False)
     try:
         config = spec.config(candidate, 1)
@@ -139,6 +159,9 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         missed = ", ".join(f"{k} {at_least}{slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
                            for k, v in slo["targets"].items() if not slo["met"].get(k, False))
         rejected = summaries[spec.max_replicas]["num_rejected"]
+        ratios = [m / v for k, v in slo["targets"].items()
+                  if v > 0 and isinstance(m := slo["measured"].get(k), (int, float)) and math.isfinite(m)]
+        result.slo_miss = max(ratios) if ratios and not rejected else None
         result.reason = (f"misses the SLOs even with {spec.max_replicas} replicas ("
                          + (missed or f"{rejected} requests rejected") + ")")
         return result
@@ -151,6 +174,10 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.ttft_p99_s = summary["ttft_s"]["p99"]
     result.tpot_p99_s = summary["tpot_s"]["p99"]
     result.e2e_p99_s = summary["e2e_s"]["p99"]
+    result.requests = summary["num_requests"]
+    if cost_model.engine is not None:
+        result.intervals = {field: list(interval) for field, metric in INTERVAL_OF.items()
+                            if (interval := cost_model.engine.interval(metric, getattr(result, field))) is not None}
     slow = cost_model.engine.slow_end() if cost_model.engine is not None else None
     if slow is not None:  # the same search on step times at the interval's slow end, from here up
         slow_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
@@ -164,7 +191,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
     if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
-        result.headroom = rate_scale * _headroom(spec, candidate, replicas, workload, run, result, cost_model)
+        result.headroom = rate_scale * fleet_headroom(spec, candidate, replicas, rate_scale, run, result, cost_model)
     return result
 
 
@@ -185,12 +212,15 @@ def fewest_replicas(holds: Callable[[int], bool], start: int, most: int) -> int 
     return replicas
 
 
-def _headroom(spec: PlanSpec, candidate: Candidate, replicas: int, workload: Workload, run: Simulate,
-              result: CandidateResult, cost_model: CostModel, precision: float = 0.05, limit: float = 64.0) -> float:
-    """Largest x (to `precision`) at which the fleet meets the SLOs at x times this workload's rate."""
+def fleet_headroom(spec: PlanSpec, candidate: Candidate, replicas: int, rate_scale: float = 1.0,
+                   run: Simulate = run_summary, result: CandidateResult | None = None,
+                   cost_model: CostModel | None = None, precision: float = 0.05, limit: float = 64.0) -> float:
+    """Largest x (to `precision`) at which `replicas` of the candidate meet the SLOs at x times
+    rate_scale's traffic (result, if given, counts the simulations)."""
     def holds(scale: float) -> bool:
-        result.simulations += 1
-        return meets(run(spec.config(candidate, replicas), workload.scaled(scale), cost_model))
+        if result is not None:
+            result.simulations += 1
+        return meets(run(spec.config(candidate, replicas), spec.probe(rate_scale * scale), cost_model))
 
     # Brackets of (1 + precision)^8: three halvings (in log scale) reach the precision inside one,
     # where a bracket of 2 needs four; over the spread of headrooms plans see (1x to 6x) that is

@@ -99,6 +99,18 @@ class Workload:
         return self._with([replace(r, arrival_s=t0 + (r.arrival_s - t0) / rate_scale) for r in self.requests],
                           f"{self.name} x{rate_scale:g}")
 
+    def repeated(self, min_duration_s: float = 0.0, min_requests: int = 0) -> "Workload":
+        """The trace played again back to back (one mean inter-arrival gap between copies; shared
+        prompt segments kept, so prefix reuse repeats too) until it spans min_duration_s and holds
+        min_requests; itself when it already does, or when it arrives all at once."""
+        n, span = len(self.requests), self.duration_s
+        if n < 2 or span <= 0 or (span >= min_duration_s and n >= min_requests):
+            return self
+        period = span * n / (n - 1)
+        copies = max(math.ceil((min_duration_s + period - span) / period), math.ceil(min_requests / n), 1)
+        return self._with([replace(r, arrival_s=r.arrival_s + k * period) for k in range(copies) for r in self.requests],
+                          f"{self.name} x{copies} copies")
+
     def window(self, start_s: float, end_s: float) -> "Workload":
         """Requests arriving in [start_s, end_s) seconds after the first arrival, shifted to start at 0."""
         if not end_s > start_s >= 0:
@@ -140,6 +152,22 @@ class LengthPair:
     output_tokens: int
 
 
+def csv_dict_reader(f) -> csv.DictReader:
+    """A DictReader over an open CSV file (opened with newline="") that skips comment lines: whole
+    lines starting with '#', before the header or between rows. They are blanked, not dropped, so
+    `line_num` stays the file's line number; a line inside a quoted multi-line field is data, whatever
+    it starts with (an odd count of quotes so far means a field is open; "" escapes count twice)."""
+    def lines():
+        quoted = False
+        for line in f:
+            yield "\n" if not quoted and line.startswith("#") else line
+            quoted ^= line.count('"') % 2 == 1
+
+    reader = csv.DictReader(lines())
+    reader.fieldnames = next((row for row in reader.reader if row), None)
+    return reader
+
+
 def load_length_pairs(path: str | Path = BUNDLED_LENGTHS) -> list[LengthPair]:
     """Read a CSV with prompt/output length columns (ours, or Vidur/etalon's stats files).
 
@@ -151,7 +179,7 @@ def load_length_pairs(path: str | Path = BUNDLED_LENGTHS) -> list[LengthPair]:
         raise WorkloadError(f"no length file at {path}: give a CSV with prompt_tokens,output_tokens columns")
     pairs: list[LengthPair] = []
     with path.open(newline="") as f:
-        reader = csv.DictReader(row for row in f if not row.startswith("#"))
+        reader = csv_dict_reader(f)
         fields = set(reader.fieldnames or ())
         for prompt_col, output_col in (("prompt_tokens", "output_tokens"),
                                        ("num_prefill_tokens", "num_decode_tokens")):

@@ -9,6 +9,8 @@ Formats (detected from the file's extension and header):
                                prompt_tokens, output_tokens: arrivals come from an arrival process
                                (simulator/workload/synthetic.py), so these need a rate
 
+In CSV files, whole lines starting with '#' are comments (the bundled traces/ files open with one).
+
 Every bad row is reported with its line number and the reason. By default the first bad rows
 fail the load; with skip_bad the workload keeps the good rows and lists the skipped ones in
 `Workload.skipped`, so nothing is dropped silently.
@@ -16,13 +18,12 @@ fail the load; with skip_bad the workload keeps the good rows and lists the skip
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from simulator.workload.requests import Workload, WorkloadError, make_workload
+from simulator.workload.requests import Workload, WorkloadError, csv_dict_reader, make_workload
 
 MOONCAKE_BLOCK_TOKENS = 512
 _SHOWN_ERRORS = 5
@@ -30,6 +31,9 @@ _SHOWN_ERRORS = 5
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 LENGTH_COLUMNS = (("num_prefill_tokens", "num_decode_tokens"), ("prompt_tokens", "output_tokens"))
+ACCEPTED_COLUMNS = (f"the header (the first line not starting with '#') needs one of: Azure ({','.join(AZURE)}), "
+                    f"Vidur/Splitwise ({','.join(VIDUR)}), or lengths only with a rate= "
+                    f"({' or '.join(','.join(c) for c in LENGTH_COLUMNS)})")
 
 
 class _Rows:
@@ -106,7 +110,7 @@ def read_csv_trace(path: Path, skip_bad: bool = False) -> tuple[Workload | None,
     """A timed CSV trace -> (workload, None); a length-only CSV -> (None, its length rows)."""
     rows = _Rows(path, skip_bad)
     with path.open(newline="") as f:
-        reader = csv.DictReader(f)
+        reader = csv_dict_reader(f)
         fields = set(reader.fieldnames or ())
         if set(AZURE) <= fields:
             columns, parse_time = AZURE, _azure_time
@@ -115,9 +119,7 @@ def read_csv_trace(path: Path, skip_bad: bool = False) -> tuple[Workload | None,
         else:
             lengths = next((c for c in LENGTH_COLUMNS if set(c) <= fields), None)
             if lengths is None:
-                raise WorkloadError(
-                    f"{path}: unknown CSV trace columns {sorted(fields)}; expected Azure ({', '.join(AZURE)}), "
-                    f"Vidur/Splitwise ({', '.join(VIDUR)}) or lengths only (num_prefill_tokens, num_decode_tokens)")
+                raise WorkloadError(f"{path}: unknown CSV trace columns {sorted(fields)}; {ACCEPTED_COLUMNS}")
             pairs = []
             for row in reader:
                 try:

@@ -22,6 +22,11 @@ def chart_spec(element) -> str:
     return proto.spec if getattr(proto, "spec", "") else proto.figure.spec
 
 
+def table(at: AppTest, column: str):
+    """The frame of the first st.dataframe with this column."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
 def page(name: str) -> AppTest:
     at = AppTest.from_file(str(PAGES / name), default_timeout=120)
     at.run()
@@ -40,7 +45,7 @@ def test_the_app_and_its_pages_render() -> None:
     # The default engine (vLLM's, fitted on real runs) draws its 80 % intervals first.
     assert [c.key for c in explore.get("plotly_chart")] == ["intervals", "cdfs", "split", "scatter", "timeseries"]
     compare = page("compare_page.py")
-    assert list(compare.dataframe[0].value.columns) == ["metric", "A", "B"]
+    assert list(compare.dataframe[0].value.columns) == ["Figure", "Fleet A", "Fleet B"]
 
 
 def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
@@ -54,7 +59,8 @@ def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
     at.multiselect(key="hardware").set_value(["l40s"])
     at.button[0].click().run()
     assert "x l40s bf16 tp=1" in at.success[0].value
-    assert len(at.dataframe) == 1 and len(at.get("download_button")) == 2
+    assert [list(d.value.columns)[0] for d in at.dataframe] == ["Figure", "Deployment"]  # all fleets meet the SLOs
+    assert len(at.get("download_button")) == 2
     # Growth and SLO sensitivity: the recommended cost never falls as traffic grows or SLOs tighten.
     at.multiselect(key="growth").set_value([1.0, 2.0])
     at.checkbox(key="slo_sensitivity").check()
@@ -83,7 +89,8 @@ def test_planning_a_mixture_of_experts_model_offers_expert_parallel_candidates()
     at.multiselect(key="ep").set_value(["sliced (TP)", "whole per rank (EP)"])
     at.button[0].click().run()
     assert not at.exception
-    labels = set(at.dataframe[0].value["candidate"])
+    labels = {d for frame in at.dataframe  # planned, whether or not a fleet of it meets the SLOs
+              for cell in frame.value.get("Deployment", frame.value.get("Deployments", [])) for d in cell.split(", ")}
     assert {"h100-sxm fp8 tp=2", "h100-sxm fp8 tp=2 ep"} <= labels
 
 
@@ -106,11 +113,11 @@ def test_explore_follows_the_fleet_and_refuses_one_that_cannot_hold_the_model() 
 
 def test_compare_puts_two_fleets_side_by_side() -> None:
     at = page("compare_page.py")
-    a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("A", "B"))
+    a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("Fleet A", "Fleet B"))
     at.selectbox(key="b_hw").set_value("l40s").run()
     assert not at.exception
-    assert at.dataframe[0].value["B"].tolist() != b_before  # B changed hardware ...
-    assert at.dataframe[0].value["A"].tolist() == a_before  # ... A did not
+    assert at.dataframe[0].value["Fleet B"].tolist() != b_before  # B changed hardware ...
+    assert at.dataframe[0].value["Fleet A"].tolist() == a_before  # ... A did not
 
 
 def test_the_trace_page_follows_the_rate() -> None:
@@ -146,12 +153,13 @@ def test_calibration_lists_profiles_and_says_where_predictions_come_from(tmp_pat
     monkeypatch.setenv("HOME", str(tmp_path))
     at = page("calibration_page.py")
     listed = at.dataframe[0].value
-    mine = listed[listed["profile"] == str(folder / "mine.jsonl")]
-    assert mine["measurements"].tolist() == [1]  # and notes.jsonl, not a profile, is not listed
-    shipped = listed[listed["profile"].str.startswith(str(SHIPPED_PROFILES))]
-    assert len(listed) == 1 + len(shipped) and "h200" in set(shipped["hardware"])  # the project's GPU profile
+    mine = listed[listed["Profile file"] == str(folder / "mine.jsonl")]
+    assert mine["Measurements"].tolist() == [1]  # and notes.jsonl, not a profile, is not listed
+    shipped = listed[listed["Profile file"].str.startswith(str(SHIPPED_PROFILES))]
+    assert len(listed) == 1 + len(shipped) and "h200" in set(shipped["Accelerator"])  # the project's GPU profile
     provenance = at.dataframe[1].value
-    assert set(provenance["provenance"]) <= {"fitted", "extrapolated"}  # a catalog GPU without a profile
+    assert set(provenance["Source"]) <= {"fitted", "extrapolated"}  # a catalog GPU without a profile
+    assert not any(frame.isna().any().any() for frame in (listed, provenance))  # shown as None otherwise
     at.selectbox(key="cal_hw").set_value("cpu-local").run()
     assert "pass its profile" in at.error[0].value
     at.text_input(key="cal_profile").set_value(str(tmp_path / "missing.jsonl")).run()

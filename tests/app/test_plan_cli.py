@@ -41,3 +41,33 @@ def test_plan_with_speculation_and_pipeline_options() -> None:
     labels = [c["candidate"] for c in json.loads(result.stdout)["candidates"]]
     assert labels == ["h100-sxm bf16 tp=1", "h100-sxm bf16 tp=1 spec=ngramx3", "h100-sxm bf16 tp=1 pp=2",
                       "h100-sxm bf16 tp=1 pp=2 spec=ngramx3"]
+
+
+def test_the_report_answers_first_in_words_and_units(tmp_path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", "--trace", TRACE, "--hardware", "h100-sxm,l40s", "--quant", "bf16",
+                                 "--tp", "1,3", "--workers", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    best = plan["recommendation"]["1.0"]
+    report = (tmp_path / "report.html").read_text()
+    # The question and the answer in words, before any table; no dict, no JSON dump.
+    assert "TTFT p99 ≤ 2 s and TPOT p99 ≤ 100 ms" in report and "{'ttft_p99'" not in report
+    assert report.index("Buy ") < report.index("class='sortable'") and '"candidates"' not in report
+    assert f"Buy {best['replicas']} x {best['hardware']}" in report and "80 % interval" in report
+    assert "TTFT p99 (ms)" in report and "$ / hour" in report and ">None<" not in report
+    # Infeasible candidates grouped: both tp=3 ones under one reason; l40s flagged as extrapolated.
+    assert report.count("does not divide") == 1 and "⚠" in report
+    assert "reproduce with: servecast plan" in report and "Cross-validated" in report
+    # The terminal: the recommendation, then one line per reason covering its candidates.
+    lines = [line for line in result.stdout.splitlines() if line.startswith("cannot meet them")]
+    assert len(lines) == 1 and lines[0].startswith("cannot meet them (2)")
+    assert "recommended at x1" in result.stdout
+
+
+def test_no_answer_says_so_with_the_closest_miss_and_exits_3() -> None:
+    result = CliRunner().invoke(app, ["plan", "--trace", TRACE, "--hardware", "l40s", "--quant", "bf16",
+                                      "--tp", "1", "--slo", "tpot_p99=5ms", "--max-replicas", "2", "--workers", "0"])
+    assert result.exit_code == 3, result.output
+    line = next(x for x in result.stdout.splitlines() if "no candidate meets" in x)
+    assert "TPOT p99 ≤ 5 ms" in line and "closest miss: l40s bf16 tp=1" in line

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from simulator.plan.executors import run_plan
-from simulator.plan.capacity import Candidate, PlanSpec, meets, pareto_front, plan_candidate, run_summary
+from simulator.plan.capacity import (Candidate, PlanSpec, fleet_headroom, meets, pareto_front, plan_candidate,
+                                     run_summary)
 from simulator.plan.study import Study
 from simulator.workload.load import load_workload
 from simulator.workload.requests import BUNDLED_LENGTHS
@@ -19,14 +20,15 @@ SLO = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
 def spec(slo=None, trace=TRACE, model="llama-3.1-8b") -> PlanSpec:
     # servecast: kernel time alone, the search's figures independent of the vLLM profile's fit
-    return PlanSpec(model, load_workload(trace, seed=0), slo or SLO, max_replicas=64, knobs={"engine": "servecast"})
+    return PlanSpec(model, load_workload(trace, seed=0), slo or SLO, max_replicas=64, knobs={"engine": "servecast"},
+                    min_requests=300)
 
 
 def test_the_fleet_found_is_the_fewest_that_meets_the_slos() -> None:
     s = spec()
     result = plan_candidate(s, Candidate("a100-80gb"), rate_scale=2.0, headroom=False)
     assert result.feasible and result.replicas > 1
-    workload = s.workload.scaled(2.0)
+    workload = s.probe(2.0)
     assert meets(run_summary(s.config(Candidate("a100-80gb"), result.replicas), workload))
     assert not meets(run_summary(s.config(Candidate("a100-80gb"), result.replicas - 1), workload))
     assert result.gpus == result.replicas and result.usd_per_hour > 0
@@ -39,7 +41,7 @@ def test_more_traffic_never_needs_fewer_replicas() -> None:
 
 def test_tighter_slos_never_cost_less() -> None:
     loose = plan_candidate(spec({"ttft_p99": 4.0, "tpot_p99": 0.2}), Candidate("l40s"), 2.0, headroom=False)
-    tight = plan_candidate(spec({"ttft_p99": 1.2, "tpot_p99": 0.06}), Candidate("l40s"), 2.0, headroom=False)
+    tight = plan_candidate(spec({"ttft_p99": 1.2, "tpot_p99": 0.04}), Candidate("l40s"), 2.0, headroom=False)
     assert loose.feasible and tight.feasible
     assert tight.usd_per_hour >= loose.usd_per_hour and tight.replicas > loose.replicas
 
@@ -49,8 +51,24 @@ def test_headroom_is_the_largest_rate_the_fleet_still_serves() -> None:
     result = plan_candidate(s, Candidate("h100-sxm"))
     assert result.feasible and result.headroom >= 1.0
     config = s.config(Candidate("h100-sxm"), result.replicas)
-    assert meets(run_summary(config, s.workload.scaled(result.headroom)))
-    assert not meets(run_summary(config, s.workload.scaled(result.headroom * 1.1)))
+    assert meets(run_summary(config, s.probe(result.headroom)))
+    assert not meets(run_summary(config, s.probe(result.headroom * 1.1)))
+
+
+def test_headroom_never_grows_faster_than_the_fleet() -> None:
+    # Each rate is probed over the trace's own span: two replicas absorb at most about twice the
+    # traffic one does (the 5 % bisection either side), not the transient a compressed trace shows.
+    s = spec()
+    one, two = (fleet_headroom(s, Candidate("l40s"), n, rate_scale=0.25) for n in (1, 2))
+    assert 1.0 < one < two <= 2 * one * 1.05 ** 2
+
+
+def test_every_rate_is_probed_on_the_traces_span_with_enough_requests() -> None:
+    s = spec()
+    for scale in (0.5, 1.0, 9.0):
+        probe = s.probe(scale)
+        assert probe.duration_s >= max(s.workload.duration_s, s.min_duration_s) and len(probe) >= s.min_requests
+        assert probe.rate_per_s == pytest.approx(s.workload.rate_per_s * scale, rel=0.02)
 
 
 def test_traffic_that_arrives_all_at_once_has_no_headroom() -> None:

@@ -1,0 +1,55 @@
+"""How the plan's and the simulator's figures are named for people: one label with its unit per
+field, and the formatting that never prints None. The terminal, the HTML report and the app use these."""
+
+from __future__ import annotations
+
+import math
+
+# field -> (label with unit, multiplier from the stored unit, format)
+FIELDS: dict[str, tuple[str, float, str]] = {
+    "candidate": ("Deployment", 1.0, "{}"),
+    "hardware": ("Accelerator", 1.0, "{}"),
+    "quant": ("Weights", 1.0, "{}"),
+    "tp": ("TP", 1.0, "{:d}"),
+    "pp": ("PP", 1.0, "{:d}"),
+    "rate_scale": ("Traffic (x trace)", 1.0, "x{:g}"),
+    "feasible": ("Meets SLOs", 1.0, "{}"),
+    "replicas": ("Replicas", 1.0, "{:d}"),
+    "replicas_slow_end": ("Replicas at slow end", 1.0, "{:d}"),
+    "gpus": ("GPUs", 1.0, "{:d}"),
+    "usd_per_hour": ("$ / hour", 1.0, "${:,.2f}"),
+    "usd_per_million_output_tokens": ("$ / M output tokens", 1.0, "${:,.3f}"),
+    "ttft_p99_s": ("TTFT p99 (ms)", 1e3, "{:,.0f}"),
+    "tpot_p99_s": ("TPOT p99 (ms)", 1e3, "{:,.1f}"),
+    "e2e_p99_s": ("E2E p99 (s)", 1.0, "{:,.2f}"),
+    "headroom": ("Headroom (x traffic)", 1.0, "x{:.2f}"),
+    "reason": ("Why not", 1.0, "{}"),
+    "simulations": ("Simulations", 1.0, "{:d}"),
+}
+MISSING = "–"
+
+
+def label(field: str) -> str:
+    return FIELDS.get(field, (field.replace("_", " "), 1.0, "{}"))[0]
+
+
+def value(field: str, raw):
+    """The value in the label's unit (a number stays a number, for sorting); None stays None."""
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+        return None
+    scale = FIELDS.get(field, ("", 1.0, ""))[1]
+    return raw * scale if scale != 1.0 and isinstance(raw, (int, float)) and not isinstance(raw, bool) else raw
+
+
+def text(field: str, raw) -> str:
+    """The value as shown: in the label's unit, formatted; a dash where there is none."""
+    v = value(field, raw)
+    if v is None:
+        return MISSING
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    fmt = FIELDS.get(field, ("", 1.0, "{}"))[2]
+    try:
+        return fmt.format(int(v) if "d}" in fmt else v)
+    except (ValueError, TypeError):
+        return str(v)

@@ -1,0 +1,158 @@
+"""What `servecast plan` hands over: the plan document (plan.json, and what the report is drawn
+from), the terminal's answer, and the command that reproduces the plan."""
+
+from __future__ import annotations
+
+import shlex
+from importlib.metadata import PackageNotFoundError, version
+
+from rich.table import Table
+
+from app import labels, plan_words
+from app.common import wide_console
+
+# Exit status when the plan has no answer (no candidate meets the SLOs at some traffic asked about):
+# distinct from 0 (answered) and 2 (bad input).
+NO_ANSWER = 3
+TABLE_FIELDS = ("candidate", "replicas", "replicas_slow_end", "gpus", "usd_per_hour", "usd_per_million_output_tokens",
+                "ttft_p99_s", "tpot_p99_s", "headroom")
+
+
+def reproduce_command(**options) -> str:
+    """`servecast plan` with every option that shaped the answer, defaults included."""
+    words = ["servecast", "plan"]
+    for name, value in options.items():
+        if value is None or (name == "routing_skew" and not value):
+            continue
+        words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(words)
+
+
+def closest_miss(rows: list[dict]) -> str:
+    """One line on the infeasible candidate nearest to qualifying: the smallest SLO miss, else the
+    most common reason."""
+    missed = [r for r in rows if r.get("slo_miss") is not None]
+    if missed:
+        r = min(missed, key=lambda r: r["slo_miss"])
+        return f"closest miss: {r['candidate']} ({r['reason']})"
+    priced = [r for r in rows if r["feasible"]]
+    if priced:
+        return (f"{len(priced)} deployments meet the SLOs but none has a price: add price_per_hour_usd for "
+                "their accelerators in a --hardware-file")
+    groups = plan_words.reason_groups(rows)
+    return f"every candidate failed; most often: {groups[0][0]} ({len(groups[0][1])})" if groups else ""
+
+
+def software_version() -> str:
+    try:
+        return version("servecast")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def about(spec, engines: dict, candidates, command: str, trace_name: str) -> dict:
+    """The question in words and the footnotes: how the numbers were made."""
+    import json
+
+    from simulator.catalog.hardware import get_accelerator
+    from simulator.cost.model import PARAMS_FILE
+
+    hardware = list(dict.fromkeys(c.hardware for c in candidates))
+    trace = plan_words.trace_words(spec.workload, trace_name)
+    question = plan_words.question(spec.model, trace, hardware, sorted({c.quant for c in candidates}),
+                                   sorted({c.tp for c in candidates}), spec.slo)
+    names = sorted({e.id for e in engines.values()})
+    flags = {}
+    for c in candidates:
+        engine, accelerator = engines[c.label], get_accelerator(c.hardware, spec.knobs.get("hardware_file"))
+        if not accelerator.profiled and c.hardware not in engine.device_scales:
+            flags[c.label] = f"{c.hardware}: kernel costs extrapolated from other devices' curves"
+    footnotes = [f"Kernel costs: roofline x efficiency curves fitted on "
+                 f"{json.loads(PARAMS_FILE.read_text()).get('fitted_on', 'measured kernels')}; an accelerator "
+                 "without a profile of its own runs them at its catalog peak FLOPS and bandwidth (extrapolated)."]
+    for engine in {e.id: e for e in engines.values()}.values():
+        errors = engine.errors.get("leave_one_run_out", {})
+        cv = (f" Cross-validated median absolute error (leave one run out): E2E {errors.get('e2e_mean_mdape')} %, "
+              f"TTFT {errors.get('ttft_mean_mdape')} %, TPOT {errors.get('tpot_mdape')} %.") if errors else ""
+        footnotes.append(f"Serving engine {engine.id}: {engine.description or 'kernel time alone'}."
+                         + (f" Fitted on {engine.fitted_on}." if engine.fitted_on else "") + cv)
+    footnotes += [
+        "80 % intervals: the 10th to 90th percentiles of the engine profile's held-out errors on real runs "
+        "(TPOT p99's from the mean TPOT's: the runs have no TPOT percentiles). The slow end's replica count is the "
+        "same search with step times at the interval's upper end.",
+        f"Each traffic level was simulated over at least {max(spec.workload.duration_s, spec.min_duration_s):,.0f} s "
+        f"of arrivals and {spec.min_requests:,} requests (the trace played again where shorter); the fewest "
+        "replicas are found by doubling then bisection, headroom by bisection to 5 %.",
+        "Prices: the hardware catalog's on-demand prices per accelerator-hour (simulator/catalog/hardware.yaml, "
+        "with their sources).",
+        f"servecast {software_version()}; reproduce with: {command}"]
+    return {"question": question, "trace": trace, "lengths": plan_words.length_percentiles(spec.workload),
+            "engine": plan_words.either(names), "flags": flags, "footnotes": footnotes,
+            "grid": f"{len(candidates)} deployments: {plan_words.either(hardware)} x "
+                    f"{plan_words.either(sorted({c.quant for c in candidates}))} x TP "
+                    f"{plan_words.either(sorted({c.tp for c in candidates}))}"
+                    + (f" x PP {plan_words.either(sorted({c.pp for c in candidates}))}"
+                       if any(c.pp > 1 for c in candidates) else "")}
+
+
+def trace_name(trace: str) -> str:
+    from simulator.workload.requests import BUNDLED_LENGTHS
+
+    return "the bundled ShareGPT lengths" if str(BUNDLED_LENGTHS) in trace else trace
+
+
+def plan_document(spec, result, factors, engines: dict, candidates, command: str, trace: str) -> dict:
+    rows = [r.row() for r in result.results]
+    return {"model": spec.model, "trace": trace, "slo": spec.slo, "growth": factors, "reused_points": result.reused,
+            "about": about(spec, engines, candidates, command, trace_name(trace)),
+            "recommendation": {str(g): (r.row() if (r := result.recommendation(g)) else None) for g in factors},
+            "closest_miss": {str(g): closest_miss([x for x in rows if x["rate_scale"] == g]) for g in factors
+                             if result.recommendation(g) is None},
+            "pareto": {str(g): [r.candidate.label for r in result.pareto(g)] for g in factors},
+            "candidates": rows}
+
+
+def simulate_recommended(spec, result, growth: float):
+    """The recommended fleet at this traffic simulated in full (the report's charts); None without one."""
+    from simulator.fleet.run import simulate
+
+    best = result.recommendation(growth)
+    if best is None:
+        return None
+    return simulate(spec.config(best.candidate, best.replicas), spec.probe(growth))
+
+
+def print_plan(document: dict) -> None:
+    """The answer first, then the fleets that meet the SLOs, then the others by reason (a line each)."""
+    out = wide_console(110)
+    slos = document["slo"]
+    out.print(document["about"]["question"] + ".", highlight=False)
+    for g in document["growth"]:
+        rows = [r for r in document["candidates"] if r["rate_scale"] == g]
+        best = document["recommendation"][str(g)]
+        if best is None:
+            out.print(f"[bold red]x{g:g}: no candidate meets {plan_words.slo_words(slos)}[/]; "
+                      f"{document['closest_miss'][str(g)]}", highlight=False)
+        else:
+            metrics = ", ".join(
+                f"{plan_words.slo_metric(k)} {plan_words.slo_value(k, best[f])} (limit {plan_words.slo_value(k, v)})"
+                for k, v in slos.items() if (f := f"{k}_s") in best and best[f] is not None)
+            slow = best.get("replicas_slow_end")
+            out.print(f"[bold green]recommended at x{g:g}:[/] {best['replicas']} x {best['candidate']}: "
+                      f"{labels.text('usd_per_hour', best['usd_per_hour'])}/hour, "
+                      f"{labels.text('usd_per_million_output_tokens', best['usd_per_million_output_tokens'])} per "
+                      f"million output tokens; {metrics}; headroom {labels.text('headroom', best.get('headroom'))}"
+                      + (f"; {slow} replica{'s' if slow != 1 else ''} at the slow end of the 80 % interval"
+                         if slow is not None else ""),
+                      highlight=False)
+        feasible = sorted((r for r in rows if r["feasible"]), key=lambda r: r["usd_per_hour"] or float("inf"))
+        if feasible:
+            table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs, cheapest first")
+            for f in TABLE_FIELDS:
+                table.add_column(labels.label(f), justify="left" if f == "candidate" else "right",
+                                 no_wrap=f == "candidate")
+            for r in feasible:
+                table.add_row(*(labels.text(f, r.get(f)) for f in TABLE_FIELDS))
+            out.print(table)
+        for reason, which in plan_words.reason_groups([r for r in rows if not r["feasible"]]):
+            out.print(f"cannot meet them ({len(which)}): {reason}: {', '.join(which)}", highlight=False)

@@ -1,0 +1,75 @@
+"""The plan in words, one wording for the terminal, the HTML report and the app: the question asked,
+the SLOs with their units, a trace described, and infeasible candidates grouped by reason."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+# SLO metric -> (words, unit, multiplier from seconds)
+SLO_WORDS = {"ttft": ("TTFT", "s", 1.0), "tpot": ("TPOT", "ms", 1e3), "itl": ("ITL", "ms", 1e3),
+             "e2e": ("E2E", "s", 1.0), "queue": ("queueing", "s", 1.0)}
+
+
+def either(items) -> str:
+    """"a, b or c"."""
+    items = [str(i) for i in items]
+    return " or ".join(filter(None, [", ".join(items[:-1]), items[-1]])) if items else "nothing"
+
+
+def slo_metric(key: str) -> str:
+    """'ttft_p99' -> 'TTFT p99'."""
+    name, _, stat = key.partition("_")
+    return f"{SLO_WORDS.get(name, (name.upper(),))[0]} {stat}".strip()
+
+
+def slo_value(key: str, seconds: float) -> str:
+    """A limit or a measured value of an SLO metric in its unit: '2 s', '100 ms'."""
+    _, unit, scale = SLO_WORDS.get(key.partition("_")[0], ("", "s", 1.0))
+    return f"{seconds * scale:,.4g} {unit}"
+
+
+def slo_words(slos: dict[str, float]) -> str:
+    """{'ttft_p99': 2.0, 'tpot_p99': 0.1} -> 'TTFT p99 ≤ 2 s and TPOT p99 ≤ 100 ms'."""
+    return " and ".join(f"{slo_metric(k)} ≤ {slo_value(k, v)}" for k, v in slos.items())
+
+
+def trace_words(workload, name: str | None = None) -> str:
+    """'400 requests at 8 req/s (ShareGPT lengths)' style: count, rate, where from."""
+    rate = workload.rate_per_s
+    at = f" at {rate:.3g} req/s" if math.isfinite(rate) else " all at once"
+    return f"{len(workload):,} requests{at}" + (f" ({name})" if name else "")
+
+
+def length_percentiles(workload) -> str:
+    """Prompt and output lengths of a trace: p50 / p90 / p99 tokens."""
+    out = []
+    for what, values in (("prompt", [r.prompt_tokens for r in workload]), ("output", [r.output_tokens for r in workload])):
+        if values:
+            p = np.percentile(values, [50, 90, 99])
+            out.append(f"{what} p50 {p[0]:,.0f} / p90 {p[1]:,.0f} / p99 {p[2]:,.0f} tokens")
+    return "; ".join(out)
+
+
+def question(model: str, trace: str, hardware, quant, tp, slos: dict[str, float], growth=(1.0,)) -> str:
+    """The plan question in words and units."""
+    grown = [f"x{g:g}" for g in sorted(growth) if g != 1.0]
+    at = ((" at " if 1.0 not in growth else "; also at ") + " and ".join(grown) + " the traffic") if grown else ""
+    return (f"Cheapest fleet of {either(hardware)} ({either(quant)} weights, TP {either(sorted(tp))}) serving "
+            f"{model} for {trace} with {slo_words(slos)}{at}")
+
+
+def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """Infeasible candidates (plan rows) grouped by reason, the largest group first. A reason names
+    its own accelerator ("a10g has no fp8 tensor cores"), read as "the accelerator", and its
+    figures in parentheses (what each candidate missed by) are left out of the grouping: the
+    same reason on several candidates is one group."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        own = re.compile(rf"(?<![\w-]){re.escape(str(r.get('hardware', '')))}(?![\w-])")
+        reason = own.sub("the accelerator", str(r.get("reason") or "no reason given"))
+        reason = re.sub(r" \([^()]*\)$", "", reason).strip()
+        groups.setdefault(reason, []).append(r["candidate"])
+    return sorted(groups.items(), key=lambda kv: -len(kv[1]))
