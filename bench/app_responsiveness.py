@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.dashboard.inputs import bundled_spec, workload_from_spec
+from app.dashboard.inputs import workload_from_spec
+from app.plan_defaults import trace as bundled_spec
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 
