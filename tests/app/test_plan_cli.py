@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from app.cli import app
@@ -71,3 +73,14 @@ def test_no_answer_says_so_with_the_closest_miss_and_exits_3() -> None:
     assert result.exit_code == 3, result.output
     line = next(x for x in result.stdout.splitlines() if "no candidate meets" in x)
     assert "TPOT p99 ≤ 5 ms" in line and "closest miss: l40s bf16 tp=1" in line
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--hardware", "h100-sxm", "--tp", "3,6"], "every candidate failed; most often: tp=3 does not divide"),
+    (["--hardware", "a40", "--tp", "1"], "meet the SLOs but none has a price"),
+])
+def test_no_answer_without_simulating_or_without_prices(args, words) -> None:
+    result = CliRunner().invoke(app, ["plan", "--trace", "synthetic:num=40,input=200,output=20,rate=2", "--quant",
+                                      "bf16", "--workers", "0", *args])
+    assert result.exit_code == 3, result.output
+    assert words in " ".join(result.stdout.split())
