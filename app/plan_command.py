@@ -136,5 +136,5 @@ def plan_command(
         typer.echo(json.dumps(jsonable(document), indent=2))
     else:
         print_plan(document)
-    if all(document["recommendation"][str(g)] is None for g in factors):
+    if any(document["recommendation"][str(g)] is None for g in factors):
         raise typer.Exit(NO_ANSWER)

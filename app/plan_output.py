@@ -31,14 +31,14 @@ def reproduce_command(**options) -> str:
 def closest_miss(rows: list[dict]) -> str:
     """One line on the infeasible candidate nearest to qualifying: the smallest SLO miss, else the
     most common reason."""
+    unpriced = [r for r in rows if r["feasible"]]
+    if unpriced:
+        return (f"{len(unpriced)} deployments meet the SLOs but none has a price: add price_per_hour_usd for "
+                "their accelerators in a --hardware-file")
     missed = [r for r in rows if r.get("slo_miss") is not None]
     if missed:
         r = min(missed, key=lambda r: r["slo_miss"])
         return f"closest miss: {r['candidate']} ({r['reason']})"
-    priced = [r for r in rows if r["feasible"]]
-    if priced:
-        return (f"{len(priced)} deployments meet the SLOs but none has a price: add price_per_hour_usd for "
-                "their accelerators in a --hardware-file")
     groups = plan_words.reason_groups(rows)
     return f"every candidate failed; most often: {groups[0][0]} ({len(groups[0][1])})" if groups else ""
 
@@ -50,7 +50,7 @@ def software_version() -> str:
         return "unknown (not installed)"
 
 
-def about(spec, engines: dict, candidates, command: str, trace_name: str) -> dict:
+def about(spec, engines: dict, candidates, command: str, trace_name: str, growth=(1.0,)) -> dict:
     """The question in words and the footnotes: how the numbers were made."""
     import json
 
@@ -60,7 +60,7 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str) -> dic
     hardware = list(dict.fromkeys(c.hardware for c in candidates))
     trace = plan_words.trace_words(spec.workload, trace_name)
     question = plan_words.question(spec.model, trace, hardware, sorted({c.quant for c in candidates}),
-                                   sorted({c.tp for c in candidates}), spec.slo)
+                                   sorted({c.tp for c in candidates}), spec.slo, growth)
     names = sorted({e.id for e in engines.values()})
     flags = {}
     for c in candidates:
@@ -72,17 +72,17 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str) -> dic
                  "without a profile of its own runs them at its catalog peak FLOPS and bandwidth (extrapolated)."]
     for engine in {e.id: e for e in engines.values()}.values():
         errors = engine.errors.get("leave_one_run_out", {})
-        cv = (f" Cross-validated median absolute error (leave one run out): E2E {errors.get('e2e_mean_mdape')} %, "
-              f"TTFT {errors.get('ttft_mean_mdape')} %, TPOT {errors.get('tpot_mdape')} %.") if errors else ""
+        cv = (" Cross-validated median absolute error (leave one run out): E2E mean / p99 "
+              f"{errors.get('e2e_mean_mdape')} / {errors.get('e2e_p99_mdape')} %, TTFT mean / p99 "
+              f"{errors.get('ttft_mean_mdape')} / {errors.get('ttft_p99_mdape')} %, TPOT "
+              f"{errors.get('tpot_mdape')} %.") if errors else ""
         footnotes.append(f"Serving engine {engine.id}: {engine.description or 'kernel time alone'}."
                          + (f" Fitted on {engine.fitted_on}." if engine.fitted_on else "") + cv)
     footnotes += [
         "80 % intervals: the 10th to 90th percentiles of the engine profile's held-out errors on real runs "
         "(TPOT p99's from the mean TPOT's: the runs have no TPOT percentiles). The slow end's replica count is the "
         "same search with step times at the interval's upper end.",
-        f"Each traffic level was simulated over at least {max(spec.workload.duration_s, spec.min_duration_s):,.0f} s "
-        f"of arrivals and {spec.min_requests:,} requests (the trace played again where shorter); the fewest "
-        "replicas are found by doubling then bisection, headroom by bisection to 5 %.",
+        probed(spec) + " The fewest replicas are found by doubling then bisection, headroom by bisection to 5 %.",
         "Prices: the hardware catalog's on-demand prices per accelerator-hour (simulator/catalog/hardware.yaml, "
         "with their sources).",
         f"servecast {software_version()}; reproduce with: {command}"]
@@ -101,10 +101,19 @@ def trace_name(trace: str) -> str:
     return "the bundled ShareGPT lengths" if str(BUNDLED_LENGTHS) in trace else trace
 
 
+def probed(spec) -> str:
+    """What every traffic level was simulated on, in words (PlanSpec.probe)."""
+    if spec.workload.duration_s <= 0:
+        return "The trace arrives all at once: traffic x g is g times its requests, all at once."
+    probe = spec.probe(1.0)
+    return (f"Each traffic level was simulated over {probe.duration_s:,.0f} s of arrivals ({len(probe):,} requests "
+            "at x1), the trace played again where shorter, so its p99s are of the steady state.")
+
+
 def plan_document(spec, result, factors, engines: dict, candidates, command: str, trace: str) -> dict:
     rows = [r.row() for r in result.results]
     return {"model": spec.model, "trace": trace, "slo": spec.slo, "growth": factors, "reused_points": result.reused,
-            "about": about(spec, engines, candidates, command, trace_name(trace)),
+            "about": about(spec, engines, candidates, command, trace_name(trace), factors),
             "recommendation": {str(g): (r.row() if (r := result.recommendation(g)) else None) for g in factors},
             "closest_miss": {str(g): closest_miss([x for x in rows if x["rate_scale"] == g]) for g in factors
                              if result.recommendation(g) is None},
@@ -134,9 +143,8 @@ def print_plan(document: dict) -> None:
             out.print(f"[bold red]x{g:g}: no candidate meets {plan_words.slo_words(slos)}[/]; "
                       f"{document['closest_miss'][str(g)]}", highlight=False)
         else:
-            metrics = ", ".join(
-                f"{plan_words.slo_metric(k)} {plan_words.slo_value(k, best[f])} (limit {plan_words.slo_value(k, v)})"
-                for k, v in slos.items() if (f := f"{k}_s") in best and best[f] is not None)
+            metrics = ", ".join(f"{row['SLO metric']} {row['predicted']} ({row['80 % interval']}; limit {row['limit']})"
+                                for row in plan_words.slo_rows(best, slos))
             slow = best.get("replicas_slow_end")
             out.print(f"[bold green]recommended at x{g:g}:[/] {best['replicas']} x {best['candidate']}: "
                       f"{labels.text('usd_per_hour', best['usd_per_hour'])}/hour, "
@@ -145,7 +153,8 @@ def print_plan(document: dict) -> None:
                       + (f"; {slow} replica{'s' if slow != 1 else ''} at the slow end of the 80 % interval"
                          if slow is not None else ""),
                       highlight=False)
-        feasible = sorted((r for r in rows if r["feasible"]), key=lambda r: r["usd_per_hour"] or float("inf"))
+        feasible = sorted((r for r in rows if r["feasible"]),
+                          key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0))
         if feasible:
             table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs, cheapest first")
             for f in TABLE_FIELDS:

@@ -67,25 +67,16 @@ def answer_html(best: dict | None, growth: float, slos: dict, closest: str | Non
     if best is None:
         return (f"<div class='answer none'><b>At traffic x{growth:g} no candidate meets "
                 f"{esc(plan_words.slo_words(slos))}.</b> {esc(closest or '')}</div>")
-    rows = []
-    for key, limit in slos.items():
-        field = SLO_FIELDS.get(key)
-        value = best.get(field) if field else None
-        interval = (best.get("intervals") or {}).get(field) if field else None
-        span = (f"{plan_words.slo_value(key, interval[0])} – {plan_words.slo_value(key, interval[1])}"
-                if interval else labels.MISSING)
-        met = "yes" if value is not None and value <= limit else "no"
-        rows.append(f"<tr><td>{esc(plan_words.slo_metric(key))}</td>"
-                    f"<td>{esc(plan_words.slo_value(key, value) if value is not None else labels.MISSING)}</td>"
-                    f"<td>{esc(span)}</td><td>{esc(plan_words.slo_value(key, limit))}</td><td>{met}</td></tr>")
+    rows = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row.values()) + "</tr>"
+                   for row in plan_words.slo_rows(best, slos))
     slow = best.get("replicas_slow_end")
     lines = [f"<h2 style='margin-top:0'>Buy {esc(fleet_words(best))}</h2>",
              f"<p>{esc(labels.text('usd_per_hour', best['usd_per_hour']))} per hour, "
              f"{esc(labels.text('usd_per_million_output_tokens', best['usd_per_million_output_tokens']))} per "
-             f"million output tokens; headroom {esc(labels.text('headroom', best.get('headroom')))} the traffic "
+             f"million output tokens; headroom {esc(labels.text('headroom', best.get('headroom')))} this traffic "
              f"before an SLO is missed.</p>",
              "<table><thead><tr><th>SLO metric</th><th>predicted</th><th>80 % interval</th><th>limit</th>"
-             "<th>met</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"]
+             "<th>met</th></tr></thead><tbody>" + rows + "</tbody></table>"]
     if slow is not None:
         lines.append(f"<p>If serving runs at the slow end of the 80 % interval, {slow} replica"
                      f"{'s' if slow != 1 else ''} would be needed ({slow - best['replicas']:+d}).</p>")
@@ -105,9 +96,9 @@ def cost_latency_figure(rows: list[dict], front: list[str], slos: dict, growth: 
     for col, (key, field) in enumerate(panels, start=1):
         scale = labels.value(field, 1.0)
         ys = [r[field] * scale for r in feasible]
-        lo = [max(0.0, r[field] - r["intervals"][field][0]) * scale if (r.get("intervals") or {}).get(field)
+        lo = [max(0.0, r[field] - r["intervals"][key][0]) * scale if (r.get("intervals") or {}).get(key)
               else 0.0 for r in feasible]
-        hi = [max(0.0, r["intervals"][field][1] - r[field]) * scale if (r.get("intervals") or {}).get(field)
+        hi = [max(0.0, r["intervals"][key][1] - r[field]) * scale if (r.get("intervals") or {}).get(key)
               else 0.0 for r in feasible]
         names = [fleet_words(r) for r in feasible]
         fig.add_trace(go.Scatter(

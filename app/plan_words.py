@@ -73,3 +73,18 @@ def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:
         reason = re.sub(r" \([^()]*\)$", "", reason).strip()
         groups.setdefault(reason, []).append(r["candidate"])
     return sorted(groups.items(), key=lambda kv: -len(kv[1]))
+
+
+def slo_rows(best: dict, slos: dict[str, float]) -> list[dict]:
+    """Each SLO of a planned fleet (a plan row): the metric, its predicted value, its 80 % interval
+    and its limit, in the metric's unit, and whether it is met. The one table of an answer."""
+    rows = []
+    for key, limit in slos.items():
+        value = (best.get("slo_measured") or {}).get(key)
+        interval = (best.get("intervals") or {}).get(key)
+        rows.append({"SLO metric": slo_metric(key),
+                     "predicted": slo_value(key, value) if value is not None else "–",
+                     "80 % interval": f"{slo_value(key, interval[0])} – {slo_value(key, interval[1])}" if interval
+                     else "–",
+                     "limit": slo_value(key, limit), "met": "yes" if value is not None and value <= limit else "no"})
+    return rows

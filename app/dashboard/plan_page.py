@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import html_report, labels, plan_defaults, plan_words
 from app.dashboard import tables
+from app.plan_report import FEASIBLE_FIELDS
 from app.dashboard.widgets import trace_input, trace_words
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
@@ -18,11 +19,6 @@ from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto
 from simulator.plan.grid import candidate_grid
 
 QUANTS, TPS, GROWTHS = ["bf16", "fp8", "int8", "int4"], [1, 2, 4, 8], [1.0, 2.0, 4.0]
-FEASIBLE = ["candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
-            "tpot_p99_s", "e2e_p99_s", "headroom", "replicas_slow_end"]
-# The recommended fleet's latency figures against their SLOs: (row field, summary figure, SLO).
-LATENCIES = (("ttft_p99_s", "ttft_s.p99", "ttft_p99"), ("tpot_p99_s", "tpot_s.p99", "tpot_p99"),
-             ("e2e_p99_s", "e2e_s.p99", "e2e_p99"))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -145,16 +141,8 @@ def recommended(best: dict, ask: tuple, growth: float) -> None:
     candidate = tuple((k, best[k]) for k in Candidate.__dataclass_fields__)
     with st.spinner("simulating the recommended fleet for its intervals"):
         summary = fleet_summary(model, trace_key, workload, slo, candidate, best["replicas"], growth)
-    intervals, limits = summary.get("intervals") or {}, dict(slo)
-    rows = []
-    for field, figure, target in LATENCIES:
-        name, stat = figure.split(".")
-        interval = intervals.get(figure)
-        rows.append({"Figure": labels.label(field), "Predicted": labels.text(field, summary[name][stat]),
-                     "80 % interval": (f"{labels.text(field, interval[0])} to {labels.text(field, interval[1])}"
-                                       if interval else labels.MISSING),
-                     "SLO limit": labels.text(field, limits.get(target))})
-    tables.show(pd.DataFrame(rows))
+    intervals = summary.get("intervals") or {}
+    tables.show(pd.DataFrame(plan_words.slo_rows(best, dict(slo))))
     if intervals:
         slow = best.get("replicas_slow_end")
         needs = (f"{slow} replica{'s' if slow != 1 else ''} if serving runs" if slow is not None
@@ -189,13 +177,13 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]],
                           key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r["e2e_p99_s"] or 0.0))
         if feasible:
             st.markdown(f"**Fleets that meet the SLOs**, cheapest first ({len(feasible)})")
-            tables.show(*tables.frame(feasible, FEASIBLE))
+            tables.show(*tables.frame(feasible, list(FEASIBLE_FIELDS)))
         failed = [r for r in at if not r["feasible"]]
         if failed:
             st.markdown(f"**Deployments with no fleet that meets the SLOs** ({len(failed)}), by reason")
             tables.show(infeasible(failed))
         everything = pd.DataFrame({labels.label(f): [labels.value(f, r.get(f)) for r in at]
-                                   for f in FEASIBLE[:1] + ["feasible"] + FEASIBLE[1:] + ["reason"]})
+                                   for f in list(FEASIBLE_FIELDS)[:1] + ["feasible"] + list(FEASIBLE_FIELDS)[1:] + ["reason"]})
         st.download_button("candidates (CSV)", everything.to_csv(index=False), f"plan_x{g:g}.csv", "text/csv",
                            key=f"csv_{g}")
     st.download_button("whole plan (JSON)", json.dumps(rows, indent=2, default=str), "plan.json", "application/json",

@@ -7,8 +7,8 @@ O(log replicas) simulations, not a grid. The search relies on one property of se
 behind the same router never make latency worse (each sees less load). A configuration that cannot
 hold the model, or meets the SLOs with no fleet up to max_replicas, is reported with the reason.
 
-Headroom is the largest rate scale (x the trace's rate) the chosen fleet still meets the SLOs at,
-found the same way (doubling, then bisection to 5%); none for a trace that arrives all at once.
+Headroom is the largest factor on the point's traffic (x its rate) the chosen fleet still meets the
+SLOs at, found by bisection to 5% (64 at most); none for a trace that arrives all at once.
 
 Every rate is probed on the same stretch of time (PlanSpec.probe): the trace compressed to the rate,
 then played again back to back until it spans the trace's own duration or min_duration_s, whichever
@@ -45,7 +45,9 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        spec = f" spec={self.speculative}x{self.num_speculative_tokens}" if self.speculative else ""
+        draft = f":{self.draft_model}" if self.draft_model else ""
+        accept = f"@{self.acceptance:g}" if self.acceptance is not None else ""
+        spec = f" spec={self.speculative}{draft}x{self.num_speculative_tokens}{accept}" if self.speculative else ""
         pp = f" pp={self.pp}" if self.pp > 1 else ""
         ep = " ep" if self.expert_parallel else ""
         return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}"
@@ -70,8 +72,12 @@ class PlanSpec:
             raise ValueError(f"max_replicas must be at least 1, got {self.max_replicas}")
 
     def probe(self, rate_scale: float) -> Workload:
-        """The traffic simulated at rate_scale x the trace's rate (see the module's docstring)."""
-        span = max(self.workload.duration_s, self.min_duration_s)
+        """The traffic simulated at rate_scale x the trace's rate (see the module's docstring). A
+        trace that arrives all at once has no rate: x2 is twice its requests, all at once."""
+        if self.workload.duration_s <= 0:
+            return self.workload.multiplied(rate_scale)
+        # A burst of a moment is not stretched past MAX_COPIES of itself.
+        span = min(max(self.workload.duration_s, self.min_duration_s), MAX_COPIES * self.workload.duration_s)
         return self.workload.scaled(rate_scale).repeated(span, self.min_requests)
 
     def config(self, candidate: Candidate, replicas: int) -> SimConfig:
@@ -92,10 +98,11 @@ class CandidateResult:
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
     e2e_p99_s: float | None = None
-    headroom: float | None = None
+    headroom: float | None = None  # x this point's traffic (rate_scale x the trace's) the fleet still serves
     requests: int | None = None  # simulated in the run the answer rests on (its p99s: a hundredth past them)
-    # The engine profile's 80 % intervals of the p99s ([lo, hi] s by field); TPOT p99's from the
-    # mean TPOT's errors (the real runs fitted on have no TPOT percentiles).
+    slo_measured: dict | None = None  # SLO metric -> its value in the run the answer rests on (s)
+    # SLO metric and p99 (ttft_p99, tpot_p99, e2e_p99, ...) -> the engine profile's 80 % interval
+    # [lo, hi] s (residual_metric: which residuals it comes from).
     intervals: dict | None = None
     slo_miss: float | None = None  # infeasible on SLOs: the worst SLO's measured / limit at the most replicas
     # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
@@ -117,8 +124,13 @@ class CandidateResult:
 
 
 Simulate = Callable[[SimConfig, Workload, CostModel], dict]
-# A result's p99 field -> the engine profile's residuals its interval comes from.
-INTERVAL_OF = {"ttft_p99_s": "ttft_p99", "tpot_p99_s": "tpot", "e2e_p99_s": "e2e_p99"}
+MAX_COPIES = 100
+
+
+def residual_metric(metric: str) -> str:
+    """The engine profile's residuals an interval on this metric comes from: its own (ttft_p99,
+    e2e_mean, ...), a TPOT's or ITL's from the mean TPOT's (the real runs have no TPOT percentiles)."""
+    return "tpot" if metric.startswith(("tpot", "itl")) else metric
 
 
 def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> dict:
@@ -175,9 +187,11 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.tpot_p99_s = summary["tpot_s"]["p99"]
     result.e2e_p99_s = summary["e2e_s"]["p99"]
     result.requests = summary["num_requests"]
+    result.slo_measured = {k: v for k, v in summary["slo"]["measured"].items() if k in spec.slo}
+    values = {**{f"{k}_p99": summary[f"{k}_s"]["p99"] for k in ("ttft", "tpot", "e2e")}, **result.slo_measured}
     if cost_model.engine is not None:
-        result.intervals = {field: list(interval) for field, metric in INTERVAL_OF.items()
-                            if (interval := cost_model.engine.interval(metric, getattr(result, field))) is not None}
+        result.intervals = {k: list(interval) for k, v in values.items()
+                            if (interval := cost_model.engine.interval(residual_metric(k), v)) is not None}
     slow = cost_model.engine.slow_end() if cost_model.engine is not None else None
     if slow is not None:  # the same search on step times at the interval's slow end, from here up
         slow_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
@@ -191,7 +205,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
     if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
-        result.headroom = rate_scale * fleet_headroom(spec, candidate, replicas, rate_scale, run, result, cost_model)
+        result.headroom = fleet_headroom(spec, candidate, replicas, rate_scale, run, result, cost_model)
     return result
 
 

@@ -16,13 +16,18 @@ from pathlib import Path
 from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec
 
 
+# How a rate is probed (PlanSpec.probe); a point planned another way is not reused.
+PROBE_VERSION = 2
+
+
 def plan_digest(spec: PlanSpec) -> str:
     """A hash of everything a plan shares: model, workload requests, SLOs, knobs, limits, seed."""
     workload = hashlib.sha256()
     for r in spec.workload.requests:
         workload.update(f"{r.arrival_s:.9f},{r.prompt_tokens},{r.output_tokens},{r.segments},{r.segment_tokens};".encode())
     fields = {"model": spec.model, "workload": workload.hexdigest(), "slo": spec.slo, "knobs": spec.knobs,
-              "max_replicas": spec.max_replicas, "seed": spec.seed}
+              "max_replicas": spec.max_replicas, "seed": spec.seed, "min_requests": spec.min_requests,
+              "min_duration_s": spec.min_duration_s, "probe": PROBE_VERSION}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 

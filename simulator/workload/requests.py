@@ -111,6 +111,17 @@ class Workload:
         return self._with([replace(r, arrival_s=r.arrival_s + k * period) for k in range(copies) for r in self.requests],
                           f"{self.name} x{copies} copies")
 
+    def multiplied(self, factor: float) -> "Workload":
+        """round(factor x its requests) at their own arrival times, the requests taken in turn
+        (copies get their own ids): more of the same traffic where there is no rate to scale."""
+        if not factor > 0 or math.isinf(factor):
+            raise WorkloadError(f"traffic factor must be a positive number, got {factor}")
+        n = len(self.requests)
+        if factor == 1 or n == 0:
+            return self
+        more = sorted((self.requests[i % n] for i in range(max(1, round(factor * n)))), key=lambda r: r.arrival_s)
+        return self._with(more, f"{self.name} x{factor:g}")
+
     def window(self, start_s: float, end_s: float) -> "Workload":
         """Requests arriving in [start_s, end_s) seconds after the first arrival, shifted to start at 0."""
         if not end_s > start_s >= 0:

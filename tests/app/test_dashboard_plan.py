@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app import labels, plan_defaults
+from app import labels, plan_defaults, plan_words
 from simulator.fleet.sim_config import parse_slos
 from tests.app.test_dashboard import chart_spec, page, table
 
@@ -56,12 +56,12 @@ def test_the_plan_is_shown_in_labels_and_units_with_reasons_grouped_and_no_none(
     assert list(reasons.columns) == ["Why not", "How many", "Deployments"]
     assert reasons["How many"].tolist() == [2] and "no fp8 tensor cores" in reasons["Why not"][0]
     assert reasons["Deployments"][0] == "a100-40gb fp8 tp=1, a100-80gb fp8 tp=1"
-    # The recommended fleet simulated again for its intervals: the plan's latencies, in the same units.
-    latency = table(at, "Figure").set_index("Figure")
-    assert list(latency.columns) == ["Predicted", "80 % interval", "SLO limit"]
-    assert latency.loc["TTFT p99 (ms)", "Predicted"] == labels.text("ttft_p99_s", row["TTFT p99 (ms)"] / 1e3)
-    assert latency.loc["TTFT p99 (ms)", "SLO limit"] == "2,000" and latency.loc["E2E p99 (s)", "SLO limit"] == "–"
-    assert " to " in latency.loc["TTFT p99 (ms)", "80 % interval"]
+    # The recommended fleet's SLOs (plan_words.slo_rows, as the report and terminal show them).
+    latency = table(at, "SLO metric").set_index("SLO metric")
+    assert list(latency.columns) == ["predicted", "80 % interval", "limit", "met"]
+    assert latency.loc["TTFT p99", "predicted"] == plan_words.slo_value("ttft_p99", row["TTFT p99 (ms)"] / 1e3)
+    assert latency.loc["TTFT p99", "limit"] == "2 s" and latency.loc["TPOT p99", "limit"] == "100 ms"
+    assert " – " in latency.loc["TTFT p99", "80 % interval"] and set(latency["met"]) == {"yes"}
     assert any("at the slow end of the 80 % interval" in c.value for c in at.caption)
     figures = {c.key: json.loads(chart_spec(c)) for c in at.get("plotly_chart")}
     assert set(figures) == {"intervals_1.0", "pareto_1.0"}

@@ -41,8 +41,8 @@ def test_plan_with_speculation_and_pipeline_options() -> None:
                                       "--workers", "0", "--json"])
     assert result.exit_code == 0, result.output
     labels = [c["candidate"] for c in json.loads(result.stdout)["candidates"]]
-    assert labels == ["h100-sxm bf16 tp=1", "h100-sxm bf16 tp=1 spec=ngramx3", "h100-sxm bf16 tp=1 pp=2",
-                      "h100-sxm bf16 tp=1 pp=2 spec=ngramx3"]
+    assert labels == ["h100-sxm bf16 tp=1", "h100-sxm bf16 tp=1 spec=ngramx3@0.7", "h100-sxm bf16 tp=1 pp=2",
+                      "h100-sxm bf16 tp=1 pp=2 spec=ngramx3@0.7"]
 
 
 def test_the_report_answers_first_in_words_and_units(tmp_path) -> None:

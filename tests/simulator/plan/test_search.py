@@ -71,6 +71,11 @@ def test_every_rate_is_probed_on_the_traces_span_with_enough_requests() -> None:
         assert probe.rate_per_s == pytest.approx(s.workload.rate_per_s * scale, rel=0.02)
 
 
+def test_more_of_a_trace_that_arrives_all_at_once_is_more_requests() -> None:
+    s = spec(trace="synthetic:num=40,input=256,output=64,rate=inf")
+    assert len(s.probe(2.0)) == 80 and s.probe(2.0).duration_s == 0 and len(s.probe(0.5)) == 20
+
+
 def test_traffic_that_arrives_all_at_once_has_no_headroom() -> None:
     result = plan_candidate(spec(trace="synthetic:num=40,input=256,output=64,rate=inf"), Candidate("h100-sxm"))
     assert result.feasible and result.headroom is None
