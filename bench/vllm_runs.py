@@ -14,6 +14,7 @@ figures; never passes or fails.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def main() -> None:
                         "values (the cross-validation's fallback values stay the starting ones)")
     parser.add_argument("--cv-only", action="store_true", help="no fit: cross-validate the catalog profile's "
                         "fitted values as they are (its folds refit from them)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the folds")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     runs = read_runs(args.shared / "reference" / "vllm-runs.md")
@@ -58,7 +60,8 @@ def main() -> None:
     result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, 0 if args.cv_only else args.evaluations,
                             progress=lambda text: print("  ..", text, flush=True),
                             min_fit_s=0.0 if args.quick else MIN_FIT_S,
-                            x0=theta_of(base, devices) if args.resume or args.cv_only else None)
+                            x0=theta_of(base, devices) if args.resume or args.cv_only else None,
+                            workers=args.workers)
     print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
           f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")
     print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -210,7 +212,9 @@ def refit_without(base: EngineProfile, fitting: Sequence[RealRun], devices: Sequ
     keep = ~np.isin(owner, held)
     kept = [run for i, run in enumerate(fitting) if i not in set(held)]
     rows = jac[keep]
-    blind = np.linalg.norm(rows, axis=0) < 1e-9
+    # Blind: informed by the held-out runs alone. A parameter no run at all moves (a speed pinned
+    # at the roofline) keeps its value.
+    blind = (np.linalg.norm(rows, axis=0) < 1e-9) & (np.linalg.norm(jac, axis=0) >= 1e-9)
     base_theta = np.where(blind, start, theta)
     w = np.sqrt(1.0 / np.sqrt(1.0 + (resid[keep] / F_SCALE) ** 2))
     step = np.zeros_like(theta)
@@ -225,13 +229,23 @@ def refit_without(base: EngineProfile, fitting: Sequence[RealRun], devices: Sequ
     return base_theta, bool(blind.any())
 
 
+def _fold(task) -> tuple[np.ndarray, bool, list[Replayed]]:
+    """One cross-validation fold (a process's unit of work): the refit without the held-out runs
+    and their predictions at it."""
+    base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s, time_scale = task
+    theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale,
+                                       min_fit_s)
+    profile = profile_at(base, devices, theta_out)
+    return theta_out, changed, [predict(profile, fitting[i], time_scale) for i in members]
+
+
 def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
                    time_scale: float = 1.0, max_evaluations: int = 40,
                    progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S,
-                   x0: np.ndarray | None = None) -> FitResult:
+                   x0: np.ndarray | None = None, workers: int = 1) -> FitResult:
     """The fit on every run (from x0, default the starting values), its in-sample predictions, and
     leave-one-run-out and leave-one-model-out predictions (each held-out run simulated at
-    time_scale on its own refit, which starts from the full fit)."""
+    time_scale on its own refit, which starts from the full fit); the folds in `workers` processes."""
     fitted_profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
                                                           min_fit_s, x0)
     fitting = list(runs)
@@ -242,15 +256,16 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
 
     def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
         out = {}
-        for n, (name, members) in enumerate(groups.items(), 1):
-            theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members,
-                                               fit_time_scale, min_fit_s)
-            moved[label] = moved.get(label, 0) + changed
-            for i in members:
-                out[i] = predict(profile_at(base, devices, theta_out), fitting[i], time_scale)
-            if progress is not None:
-                progress(f"{label} {n}/{len(groups)}: parameters {'moved' if changed else 'kept'} "
-                         + ", ".join(f"{k}={v:.3g}" for k, v in zip(names, theta_out)))
+        tasks = [(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s, time_scale)
+                 for members in groups.values()]
+        with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+            folds = pool.map(_fold, tasks) if pool is not None else map(_fold, tasks)
+            for n, (members, (theta_out, changed, predicted)) in enumerate(zip(groups.values(), folds), 1):
+                moved[label] = moved.get(label, 0) + changed
+                out.update(zip(members, predicted))
+                if progress is not None:
+                    progress(f"{label} {n}/{len(groups)}: parameters {'moved' if changed else 'kept'} "
+                             + ", ".join(f"{k}={v:.3g}" for k, v in zip(names, theta_out)))
         return out
 
     loo = held_out({fitting[i].id: [i] for i in range(len(fitting))}, "leave one run out")
