@@ -104,3 +104,21 @@ def test_saturated_runs_are_fitted_on_their_tpot_alone(tmp_path) -> None:
     assert SATURATED_FIT_METRICS == ("tpot",) and len(resid) == 3 + 3 + 1
     with pytest.raises(ValueError, match="every run given was overloaded"):
         fit_engine(load_engine(DEFAULT_GPU_ENGINE), runs[2:], max_evaluations=0)
+
+
+def test_a_refit_resets_only_what_the_held_out_runs_alone_informed(tmp_path) -> None:
+    import numpy as np
+
+    from calibrate.engine_fit import SHARED, SHARED_START, refit_without
+    path = tmp_path / "runs.md"
+    path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048"))
+    runs = read_runs(path, hardware="h100-sxm")
+    theta = np.array([*SHARED_START, 0.8, 1.0]) * 1.1  # away from the starting values
+    owner = np.array([0, 0, 0, 1, 1, 1])
+    jac = np.ones((6, len(theta)))
+    pinned, told = SHARED.index("elementwise"), SHARED.index("moe")
+    jac[:, pinned] = 0.0  # no run moves it (a speed at the roofline): it keeps its value
+    jac[:3, told] = 0.0  # only run 1 informs it: held out, it goes back to its start
+    out, moved = refit_without(load_engine(DEFAULT_GPU_ENGINE), runs, ["h100-sxm"], theta, jac, np.zeros(6), owner,
+                               [1], time_scale=0.25, min_s=0.0)
+    assert out[pinned] == theta[pinned] and out[told] == SHARED_START[told] and moved
