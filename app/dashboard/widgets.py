@@ -9,6 +9,7 @@ from collections import OrderedDict
 import streamlit as st
 
 from app.dashboard.inputs import workload_from_spec, workload_from_upload
+from app import plan_words
 from app.plan_defaults import trace as bundled_spec
 from simulator.workload.requests import WorkloadError
 
@@ -46,6 +47,8 @@ def trace_words(key: str, workload) -> str:
     """The trace chosen by trace_input(key) in words, e.g. "400 requests at 8 req/s (ShareGPT lengths)"."""
     state = st.session_state
     if state.get(f"{key}_src", BUNDLED) == BUNDLED:
+        if f"{key}_num" not in state:  # no widget ran (a bare run of the page): the trace's own figures
+            return plan_words.trace_words(workload, "ShareGPT lengths")
         return f"{int(state[f'{key}_num']):,} requests at {float(state[f'{key}_rate']):g} req/s (ShareGPT lengths)"
     name = state.get(f"{key}_spec") if state.get(f"{key}_src") == "trace spec" else \
         getattr(state.get(f"{key}_upload"), "name", "the upload")

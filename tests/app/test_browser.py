@@ -94,7 +94,9 @@ def test_a_browser_plans_a_fleet_and_saves_a_screenshot() -> None:
             clicked = page.evaluate("(() => { const b = Array.from(document.querySelectorAll('button'))"
                                     ".find(b => b.innerText.trim() === 'Plan'); if (b) b.click(); return !!b; })()")
             assert clicked, "no Plan button on the page"
-            page.wait_for("document.body.innerText.includes('Recommended:')", 300)
+            # The default question (every priced GPU x bf16, fp8 x TP 1-8, each rate at steady state):
+            # minutes on 2 cores.
+            page.wait_for("document.body.innerText.includes('Recommended:')", 900)
             # The Pareto chart drawn and the candidate table's download offered: the plan is on screen.
             page.wait_for("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0"
                           " && document.body.innerText.includes('candidates (CSV)')", 120)

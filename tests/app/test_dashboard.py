@@ -59,7 +59,7 @@ def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
     at.multiselect(key="hardware").set_value(["l40s"])
     at.button[0].click().run()
     assert "x l40s bf16 tp=1" in at.success[0].value
-    assert [list(d.value.columns)[0] for d in at.dataframe] == ["Figure", "Deployment"]  # all fleets meet the SLOs
+    assert [list(d.value.columns)[0] for d in at.dataframe] == ["SLO metric", "Deployment"]  # all fleets meet the SLOs
     assert len(at.get("download_button")) == 2
     # Growth and SLO sensitivity: the recommended cost never falls as traffic grows or SLOs tighten.
     at.multiselect(key="growth").set_value([1.0, 2.0])
