@@ -8,7 +8,6 @@ from simulator.workload.requests import BUNDLED_LENGTHS
 MODEL = "llama-3.1-8b"
 NUM_REQUESTS, RATE = 400, 8.0  # the bundled ShareGPT lengths, Poisson arrivals
 SLO = "ttft_p99=2s,tpot_p99=100ms"
-SLO_VALUES = {"ttft_p99": 2.0, "tpot_p99": 0.1}  # seconds: SLO parsed
 QUANT = ("bf16", "fp8")
 TP = (1, 2, 4, 8)
 PP = (1,)
@@ -17,6 +16,13 @@ GROWTH = (1.0,)
 
 def trace(num: int = NUM_REQUESTS, rate: float = RATE) -> str:
     return f"synthetic:num={num},lengths={BUNDLED_LENGTHS},rate={rate:g}"
+
+
+def slo_values() -> dict[str, float]:
+    """SLO as the CLI reads it: metric -> limit in seconds."""
+    from simulator.fleet.sim_config import parse_slos
+
+    return parse_slos(SLO)
 
 
 def priced_gpus() -> list[str]:

@@ -153,8 +153,7 @@ def print_plan(document: dict) -> None:
                       + (f"; {slow} replica{'s' if slow != 1 else ''} at the slow end of the 80 % interval"
                          if slow is not None else ""),
                       highlight=False)
-        feasible = sorted((r for r in rows if r["feasible"]),
-                          key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0))
+        feasible = plan_words.cheapest_first(rows)
         if feasible:
             table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs, cheapest first")
             for f in TABLE_FIELDS:

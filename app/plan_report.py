@@ -155,8 +155,7 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
         if len(document["growth"]) > 1:
             parts.append(f"<h2>Traffic x{g:g}</h2>")
         parts.append(answer_html(best, g, slos, document.get("closest_miss", {}).get(str(g))))
-        feasible = sorted((r for r in rows if r["feasible"]),
-                          key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0))
+        feasible = plan_words.cheapest_first(rows)
         if feasible:
             parts.append(f"<h3>Deployments that meet the SLOs ({len(feasible)}), cheapest first</h3>")
             parts.append(sortable_table(feasible, FEASIBLE_FIELDS, about.get("flags")))

@@ -61,6 +61,13 @@ def question(model: str, trace: str, hardware, quant, tp, slos: dict[str, float]
             f"{model} for {trace} with {slo_words(slos)}{at}")
 
 
+def cheapest_first(rows: list[dict]) -> list[dict]:
+    """The fleets that meet the SLOs (plan rows), cheapest first, ties by E2E p99 as the
+    recommendation breaks them; unpriced ones last."""
+    return sorted((r for r in rows if r["feasible"]),
+                  key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r["e2e_p99_s"] or 0.0))
+
+
 def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:
     """Infeasible candidates (plan rows) grouped by reason, the largest group first. A reason names
     its own accelerator ("a10g has no fp8 tensor cores"), read as "the accelerator", and its

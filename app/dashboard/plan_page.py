@@ -53,7 +53,7 @@ def main() -> None:
     model = st.selectbox("Model", models, index=default_model)
     workload, trace_key = trace_input("plan", plan_defaults.NUM_REQUESTS, plan_defaults.RATE)
     gpus = plan_defaults.priced_gpus()
-    slo_defaults = plan_defaults.SLO_VALUES
+    slo_defaults = plan_defaults.slo_values()
     with st.form("plan_form"):
         col1, col2 = st.columns(2)
         ttft = col1.number_input("TTFT p99 SLO (s)", 0.01, 120.0, float(slo_defaults["ttft_p99"]), key="ttft")
@@ -173,8 +173,7 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]],
             recommended(best, ask, g)
             front = [r.candidate.label for r in pareto_front([CandidateResult.from_row(r) for r in at])]
             st.plotly_chart(html_report.pareto_figure(at, front, g), key=f"pareto_{g}")
-        feasible = sorted((r for r in at if r["feasible"]),
-                          key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r["e2e_p99_s"] or 0.0))
+        feasible = plan_words.cheapest_first(at)
         if feasible:
             st.markdown(f"**Fleets that meet the SLOs**, cheapest first ({len(feasible)})")
             tables.show(*tables.frame(feasible, list(FEASIBLE_FIELDS)))

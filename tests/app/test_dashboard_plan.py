@@ -21,7 +21,7 @@ def test_the_plan_page_asks_the_cli_question_by_default() -> None:
     assert at.number_input(key="plan_num").value == plan_defaults.NUM_REQUESTS
     assert at.number_input(key="plan_rate").value == plan_defaults.RATE
     slo = parse_slos(plan_defaults.SLO)  # the CLI's --slo default, read as the CLI reads it
-    assert slo == plan_defaults.SLO_VALUES
+    assert slo == plan_defaults.slo_values()
     assert at.number_input(key="ttft").value == slo["ttft_p99"]
     assert abs(at.number_input(key="tpot").value - slo["tpot_p99"] * 1e3) < 1e-9
     assert at.multiselect(key="hardware").value == plan_defaults.priced_gpus()
