@@ -30,7 +30,7 @@ from scipy.optimize import least_squares
 
 from calibrate.real_runs import METRICS, RealRun
 from calibrate.run_replay import Replayed, replay, run_config
-from simulator.catalog.engines import INTERVAL, EngineProfile
+from simulator.catalog.engines import INTERVAL, EngineProfile, residual_quantile
 from simulator.cost.model import CostModel
 
 FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
@@ -314,6 +314,6 @@ def interval_coverage(replayed: Sequence[Replayed], metric: str, quantiles=INTER
     inside = 0
     for k, (rep, measured) in enumerate(rows):
         others = [math.log(m / r.predicted[metric]) for j, (r, m) in enumerate(rows) if j != k]
-        lo, hi = (float(np.quantile(others, q)) for q in quantiles)
+        lo, hi = (float(residual_quantile(others, q)) for q in quantiles)
         inside += rep.predicted[metric] * math.exp(lo) <= measured <= rep.predicted[metric] * math.exp(hi)
     return inside, len(rows)

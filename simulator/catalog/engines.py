@@ -33,6 +33,14 @@ OWN_ENGINE = "servecast"
 INTERVAL = (0.1, 0.9)
 
 
+def residual_quantile(residuals, q):
+    """The q quantile of a few residuals at the Weibull plotting position (rank q (n + 1)): the
+    interval between two such quantiles covers a new exchangeable residual with probability
+    q_hi - q_lo, where linear interpolation (rank q (n - 1) + 1) covers less at small n (about
+    71 % for an 80 % interval of 16 residuals)."""
+    return np.quantile(residuals, q, method="weibull")
+
+
 @dataclass(frozen=True)
 class Collective:
     """t = base_s + per_hop_s (w - 1) + bytes over each link / (link_efficiency x one direction's bandwidth)."""
@@ -97,7 +105,7 @@ class EngineProfile:
         residuals = self.residuals.get(metric, [])
         if len(residuals) < 3 or not math.isfinite(value):
             return None
-        lo, hi = np.quantile(residuals, INTERVAL)
+        lo, hi = residual_quantile(residuals, INTERVAL)
         return value * math.exp(lo), value * math.exp(hi)
 
     def slow_end(self) -> "EngineProfile | None":
@@ -106,8 +114,8 @@ class EngineProfile:
         None without residuals."""
         if len(self.residuals.get("tpot", [])) < 3:
             return None
-        step = math.exp(max(0.0, np.quantile(self.residuals["tpot"], INTERVAL[1])))
-        request = math.exp(max(0.0, np.quantile(self.residuals.get("ttft_mean", [0.0]), INTERVAL[1])))
+        step = math.exp(max(0.0, residual_quantile(self.residuals["tpot"], INTERVAL[1])))
+        request = math.exp(max(0.0, residual_quantile(self.residuals.get("ttft_mean", [0.0]), INTERVAL[1])))
         framework = {k: v * step if k.startswith(("step", "layer")) else v for k, v in self.framework.items()}
         framework["operator_scale"] = self.framework.get("operator_scale", 1.0) * step
         return replace(self, id=f"{self.id} (slow end)", framework=framework, request_s=self.request_s * request)

@@ -7,10 +7,11 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from simulator.catalog.engines import (DEFAULT_GPU_ENGINE, OWN_ENGINE, Collective, EngineProfile, engine_ids,
-                                       load_engine)
+from simulator.catalog.engines import (DEFAULT_GPU_ENGINE, INTERVAL, OWN_ENGINE, Collective, EngineProfile, engine_ids,
+                                       load_engine, residual_quantile)
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
@@ -108,9 +109,20 @@ def test_request_latency_adds_to_ttft_and_e2e_only() -> None:
 def test_intervals_come_from_the_residuals() -> None:
     profile = EngineProfile("x", "", residuals={"ttft_mean": [-0.2, -0.1, 0.0, 0.1, 0.2]})
     lo, hi = profile.interval("ttft_mean", 1.0)
-    assert lo == pytest.approx(math.exp(-0.16)) and hi == pytest.approx(math.exp(0.16))
+    # rank 0.1 x 6 and 0.9 x 6 of five residuals fall outside them: the interval is their range
+    assert lo == pytest.approx(math.exp(-0.2)) and hi == pytest.approx(math.exp(0.2))
+    wider = EngineProfile("x", "", residuals={"ttft_mean": [i / 10 for i in range(-9, 10)]})
+    assert wider.interval("ttft_mean", 1.0) == pytest.approx((math.exp(-0.8), math.exp(0.8)))
     assert profile.interval("tpot", 1.0) is None
     assert Collective(1e-5, 0.5).per_hop_s == 0.0
+
+
+def test_an_80_percent_interval_of_few_residuals_covers_80_percent_of_new_ones() -> None:
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=(4000, 17))
+    covered = [residual_quantile(row[:16], INTERVAL[0]) <= row[16] <= residual_quantile(row[:16], INTERVAL[1])
+               for row in draws]
+    assert np.mean(covered) == pytest.approx(0.8, abs=0.02)
 
 
 def test_simulate_defaults_to_vllm_on_catalog_gpus_and_names_it() -> None:
