@@ -57,7 +57,12 @@ class ModelRunner:
         result = StepResult()
         if plan.sample_rows:
             params = [requests[r].sampling for r in plan.sample_ids]
-            tokens = sample(logits[:len(plan.sample_rows)], params, [generators.get(r) for r in plan.sample_ids])
+            sampled_logits = logits[:len(plan.sample_rows)]
+            for row, (request_id, p) in enumerate(zip(plan.sample_ids, params)):
+                if p.min_tokens and requests[request_id].num_output_tokens < p.min_tokens:
+                    banned = [*p.stop_token_ids, *(() if p.ignore_eos else self.config.eos_token_ids)]
+                    sampled_logits[row, banned] = float("-inf")
+            tokens = sample(sampled_logits, params, [generators.get(r) for r in plan.sample_ids])
             result.sampled = dict(zip(plan.sample_ids, tokens))
         offset = len(plan.sample_rows)
         for request_id, _, n in plan.verify_ranges:

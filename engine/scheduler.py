@@ -346,10 +346,11 @@ class Scheduler:
 
     def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:
         params = seq.sampling
-        if (params.stop_token_ids and token in params.stop_token_ids) or (
-                not params.ignore_eos and token in self.eos_token_ids):
-            return RequestStatus.FINISHED_STOPPED
         num_tokens = len(seq.token_ids)
+        if ((params.stop_token_ids and token in params.stop_token_ids)
+                or (not params.ignore_eos and token in self.eos_token_ids)) and (
+                num_tokens - len(seq.prompt_token_ids) >= params.min_tokens):
+            return RequestStatus.FINISHED_STOPPED
         if num_tokens - len(seq.prompt_token_ids) >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

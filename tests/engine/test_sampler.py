@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
 from engine.sampler import probabilities, sample
 from tests.device import engine_config
-from tests.tiny_models import hf_model, random_prompts
+from tests.tiny_models import hf_greedy, hf_model, random_prompts
 
 
 def engine() -> LLMEngine:
@@ -80,3 +81,19 @@ def test_timings_are_recorded() -> None:
     assert out.arrival_time <= out.first_scheduled_time <= out.first_token_time <= out.finish_time
     assert len(out.token_times) == 5 and out.token_times == sorted(out.token_times)
     assert out.ttft_s >= 0 and out.tpot_s >= 0 and out.e2e_s >= out.ttft_s
+
+
+def test_min_tokens_holds_off_eos_and_stop_tokens() -> None:
+    model = hf_model("llama-mha-hd32")
+    prompt = random_prompts([7], seed=5)[0]
+    first = hf_greedy(model, prompt, 1)[0]
+    config = engine_config(block_size=4, num_blocks=32, max_model_len=64)
+    engine = LLMEngine.from_hf(model, config)
+    stop_at_first = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(first,))
+    (early,) = engine.generate([prompt], stop_at_first)
+    assert early.output_token_ids == [first] and early.finish_reason == "stop"
+    held = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(first,), min_tokens=5)
+    (late,) = engine.generate([prompt], held)
+    assert len(late.output_token_ids) >= 5 and first not in late.output_token_ids[:5]
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
