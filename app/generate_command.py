@@ -49,9 +49,10 @@ def generate_command(
     out: Optional[Path] = typer.Option(None, help="write summary.json and requests.csv here"),
 ) -> None:
     """Serve a workload through the real engine and print per-request timings (the bundled default job)."""
-    from app.demo import DEMO_MODEL, DemoWorkload, demo_requests
+    from app.demo import DemoWorkload, demo_requests
+    from app.engine_source import build_engine
     from app.report import request_rows, summarize
-    from engine import EngineConfig, LLMEngine
+    from engine import EngineConfig
     from engine.replay import replay
     from simulator.workload.requests import BUNDLED_LENGTHS
 
@@ -64,12 +65,7 @@ def generate_command(
                               max_model_len=max_total_tokens if model is None else None, tensor_parallel_size=tp,
                               quantization=quantization, quant_group_size=quant_group_size,
                               kv_cache_dtype=kv_cache_dtype)
-        if model is None:
-            engine = LLMEngine.from_config(DEMO_MODEL, config, seed=seed)
-        elif model.is_dir() and any(model.glob("*.safetensors")):
-            engine = LLMEngine.from_hf(model, config)
-        else:
-            engine = LLMEngine.from_config(model, config, seed=seed)
+        engine, _ = build_engine(model, config, seed)
         requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
         with progress_bar("serving", transient=as_json) as progress:
             task = progress.add_task("serve", total=len(requests))

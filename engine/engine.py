@@ -138,13 +138,9 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: Seq[int],
                     sampling_params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
         params = sampling_params or SamplingParams()
-        prompt = [int(t) for t in prompt_token_ids]
-        bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise ValueError(f"request {request_id!r} has token ids outside the vocabulary "
-                             f"[0, {self.model_config.vocab_size}): {bad[:5]}")
-        arrival = self.clock() if arrival_time is None else arrival_time
-        seq = Sequence(str(request_id), prompt, params, arrival)
+        seq = self.check_request(request_id, prompt_token_ids, params)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
         self.scheduler.add(seq)  # validates before anything else changes
         if params.seed is not None:
             self._generators[seq.request_id] = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -153,9 +149,25 @@ class LLMEngine:
         if params.return_prompt_logits:
             self._prompt_logits[seq.request_id] = []
 
-    def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort(str(request_id), self.clock())
+    def check_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams) -> Sequence:
+        """The request as the engine would hold it, or ValueError naming why it can never be served
+        (token ids outside the vocabulary, longer than max_model_len or the KV pool). Reads only
+        configuration, so a server's threads may call it while one thread steps the engine."""
+        prompt = [int(t) for t in prompt_token_ids]
+        bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"request {request_id!r} has token ids outside the vocabulary "
+                             f"[0, {self.model_config.vocab_size}): {bad[:5]}")
+        seq = Sequence(str(request_id), prompt, params, self.clock())
+        self.scheduler.check_request(seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> RequestOutput:
+        """Stop a request now (its blocks go back to the pool); returns it as it stood, finish
+        reason "abort"."""
+        seq = self.scheduler.abort(str(request_id), self.clock())
         self._forget(str(request_id))
+        return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -1,0 +1,1 @@
+"""`servecast serve`: the engine behind an OpenAI-compatible HTTP server."""

@@ -1,0 +1,80 @@
+"""`servecast serve`: the engine behind an OpenAI-compatible HTTP server (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app.common import fail
+
+
+def serve_command(
+    model: str = typer.Option("demo", help="'demo' (a small bundled Llama, random weights), an HF config.json "
+                                           "(random weights) or a local model folder with safetensors"),
+    tokenizer: Optional[Path] = typer.Option(None, help="a local HF tokenizer folder (default: byte-level: "
+                                                        "token id b is byte b)"),
+    served_model_name: Optional[str] = typer.Option(None, help="the model's name in the API (default: the "
+                                                               "model argument's)"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    max_queued_requests: Optional[int] = typer.Option(None, help="requests waiting beyond this get 429 with "
+                                                                 "Retry-After (default: no limit)"),
+    grace_period: float = typer.Option(30.0, help="on SIGTERM, seconds to let requests in flight finish"),
+    block_size: int = typer.Option(16),
+    num_blocks: Optional[int] = typer.Option(None, help="KV pool size in blocks (default: a byte budget)"),
+    max_num_seqs: int = typer.Option(64),
+    max_num_batched_tokens: int = typer.Option(512),
+    max_model_len: Optional[int] = typer.Option(None, help="default: the model's context, 1024 for demo"),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
+    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("float32"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each)"),
+    quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
+    kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
+    seed: int = typer.Option(0, help="the random weights' seed, and sampling's without a request seed"),
+) -> None:
+    """Serve a model with servecast's engine over the OpenAI API: /v1/completions,
+    /v1/chat/completions (streamed or not), /v1/models, /health, /metrics (vLLM's metric names)."""
+    import uvicorn
+
+    from app.engine_source import build_engine
+    from app.serve.api import ServerState, build_app
+    from app.serve.engine_loop import EngineLoop
+    from app.serve.metrics import ServerMetrics
+    from app.serve.tokenizers import load_tokenizer
+    from engine import EngineConfig
+
+    if max_queued_requests is not None and max_queued_requests < 0:
+        fail(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
+    if not 0 < port < 65536:
+        fail(f"--port must be in 1-65535, got {port}")
+    try:
+        text = load_tokenizer(tokenizer)
+        config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                              enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
+                              device=device, dtype=dtype, seed=seed, tensor_parallel_size=tp,
+                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+        engine, described = build_engine(model, config, seed)
+    except ValueError as exc:
+        fail(str(exc))
+    name = served_model_name or model
+    metrics = ServerMetrics(name)
+    state = ServerState(EngineLoop(engine, metrics), text, name, metrics, max_queued_requests)
+    print(f"servecast serve: {described}, {engine.cache_config.num_blocks} KV blocks of {block_size}, "
+          f"max_model_len {engine.scheduler_config.max_model_len}, tokenizer {text.name}; "
+          f"OpenAI API at http://{host}:{port}/v1 as {name!r}", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=grace_period))
+    # uvicorn drains on SIGTERM, then raises the signal again to the handler it found: a no-op one
+    # here, so a drained server exits with status 0 rather than as killed.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        engine.close()

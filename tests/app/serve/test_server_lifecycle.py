@@ -1,0 +1,121 @@
+"""What happens around requests: a client that leaves, a full queue, SIGTERM with streams in flight,
+and bad command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from app.serve.tokenizers import ByteTokenizer
+from tests.app.serve.helpers import free_port, running_server, tiny_engine, wait_for
+
+
+def open_stream(url: str, prompt: list[int], max_tokens: int):
+    """A streaming request left open: (the response, its line iterator)."""
+    client = httpx.Client(timeout=60)
+    request = client.build_request("POST", url + "/completions", json={
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True})
+    response = client.send(request, stream=True)
+    return client, response, response.iter_lines()
+
+
+def next_chunk(lines) -> dict:
+    for line in lines:
+        if line.startswith("data: "):
+            return json.loads(line[6:])
+    raise AssertionError("the stream ended")
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks() -> None:
+    engine = tiny_engine(max_model_len=128)
+    with running_server(engine, ByteTokenizer()) as (url, state):
+        free_at_start = state.loop.state.free_blocks
+        client, response, lines = open_stream(url, list(range(1, 40)), 80)
+        next_chunk(lines), next_chunk(lines)
+        wait_for(lambda: state.loop.state.free_blocks < free_at_start)
+        response.close()
+        client.close()
+        wait_for(lambda: state.loop.outstanding == 0 and not engine.has_unfinished_requests())
+        wait_for(lambda: state.loop.state.free_blocks == free_at_start)
+        # the server goes on serving
+        done = httpx.post(url + "/completions", json={"prompt": [5, 6], "max_tokens": 3, "ignore_eos": True})
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_full_queue_gets_429_with_retry_after() -> None:
+    engine = tiny_engine(max_num_seqs=1)
+    with running_server(engine, ByteTokenizer(), max_queued_requests=1) as (url, state):
+        first = open_stream(url, [1, 2, 3], 100)
+        next_chunk(first[2])  # running
+        second = open_stream(url, [4, 5, 6], 4)
+        wait_for(lambda: state.loop.state.waiting == 1)
+        refused = httpx.post(url + "/completions", json={"prompt": [7, 8], "max_tokens": 2})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        for client, response, _ in (first, second):
+            response.close()
+            client.close()
+        wait_for(lambda: state.loop.outstanding == 0)
+        assert httpx.post(url + "/completions", json={"prompt": [7, 8], "max_tokens": 2}).status_code == 200
+
+
+def test_sigterm_lets_the_streams_in_flight_finish() -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-num-seqs", "8"],
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert "OpenAI API at" in server.stderr.readline()
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_for(lambda: _healthy(url), timeout=60)
+        results: dict[int, list[dict]] = {}
+        started = threading.Barrier(4)
+
+        def run(i: int) -> None:
+            client, response, lines = open_stream(url, [10 + i, 11, 12], 60)
+            chunks = [next_chunk(lines)]
+            started.wait()
+            for line in lines:
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+            results[i] = chunks
+            client.close()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        started.wait()
+        server.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        assert server.wait(120) == 0
+        for chunks in results.values():
+            assert len(chunks) == 60 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert len(results) == 3
+    finally:
+        server.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url.removesuffix("/v1") + "/health").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no/such/config.json"], "no such file"),
+    (["--tokenizer", "."], "tokenizer"),
+    (["--port", "0"], "--port"),
+    (["--max-queued-requests", "-1"], "--max-queued-requests"),
+])
+def test_bad_command_lines_exit_2_with_one_clear_line(args, message) -> None:
+    done = subprocess.run([sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
