@@ -8,11 +8,14 @@ import sys
 import typer
 
 from app.calibrate_command import calibrate_command, import_vidur_command
+from app.compare_command import compare_command
 from app.dashboard_command import app_command
 from app.generate_command import generate_command
 from app.plan_command import plan_command
 from app.predict_command import predict_command
 from app.profile_command import profile_command
+from app.replay_command import replay_command
+from app.serve_command import serve_command
 from app.simulate_command import simulate_command
 from app.spec_pair_command import acceptance_command, train_pair_command
 from app.validate_command import validate_command
@@ -28,6 +31,7 @@ def root() -> None:
 
 # Registered in the order `servecast --help` lists them.
 app.command("generate")(generate_command)
+app.command("serve")(serve_command)
 app.command("profile")(profile_command)
 app.command("predict")(predict_command)
 app.command("calibrate")(calibrate_command)
@@ -36,6 +40,8 @@ app.command("app")(app_command)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
 app.command("validate")(validate_command)
+app.command("replay")(replay_command)
+app.command("compare")(compare_command)
 app.command("train-pair")(train_pair_command)
 app.command("acceptance")(acceptance_command)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile
 from simulator.fleet.run import SimResult, simulate
 from simulator.fleet.sim_config import SimConfig
+from simulator.workload.prompt_ids import prompt_ids
 from simulator.workload.requests import Workload
 
 # The calibration replays: (fraction of capacity, share of the calibration requests). A light
@@ -53,8 +53,7 @@ def engine_requests(workload: Workload, vocab_size: int, seed: int) -> list:
     from engine.replay import TimedRequest
     from engine.sampling_params import SamplingParams
 
-    rng = random.Random(seed)
-    return [TimedRequest(str(r.request_id), r.arrival_s, [rng.randrange(vocab_size) for _ in range(r.prompt_tokens)],
+    return [TimedRequest(str(r.request_id), r.arrival_s, prompt_ids(r, vocab_size, seed),
                          SamplingParams(max_tokens=r.output_tokens, temperature=0.0, ignore_eos=True))
             for r in workload.requests]
 
