@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ def serve_command(
 
     from app.engine_source import build_engine
     from app.serve.api import ServerState, build_app
-    from app.serve.engine_loop import EngineLoop
+    from app.serve.engine_process import EngineClient
     from app.serve.metrics import ServerMetrics
     from app.serve.tokenizers import load_tokenizer
     from engine import EngineConfig
@@ -53,6 +54,8 @@ def serve_command(
         fail(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
     if not 0 < port < 65536:
         fail(f"--port must be in 1-65535, got {port}")
+    name = served_model_name or model
+    metrics = ServerMetrics(name)
     try:
         text = load_tokenizer(tokenizer)
         config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
@@ -60,15 +63,14 @@ def serve_command(
                               enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
                               device=device, dtype=dtype, seed=seed, tensor_parallel_size=tp,
                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
-        engine, described = build_engine(model, config, seed)
+        client = EngineClient(functools.partial(build_engine, model, config, seed), metrics)
     except ValueError as exc:
         fail(str(exc))
-    name = served_model_name or model
-    metrics = ServerMetrics(name)
-    state = ServerState(EngineLoop(engine, metrics), text, name, metrics, max_queued_requests)
-    print(f"servecast serve: {described}, {engine.cache_config.num_blocks} KV blocks of {block_size}, "
-          f"max_model_len {engine.scheduler_config.max_model_len}, tokenizer {text.name}; "
+    facts = client.facts
+    print(f"servecast serve: {facts.described}, {facts.cache_config.num_blocks} KV blocks of {block_size}, "
+          f"max_model_len {client.max_model_len}, tokenizer {text.name}; "
           f"OpenAI API at http://{host}:{port}/v1 as {name!r}", file=sys.stderr, flush=True)
+    state = ServerState(client, text, name, metrics, max_queued_requests)
     server = uvicorn.Server(uvicorn.Config(build_app(state), host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=grace_period))
     # uvicorn drains on SIGTERM, then raises the signal again to the handler it found: a no-op one
@@ -76,5 +78,9 @@ def serve_command(
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.run()
+    except SystemExit:  # uvicorn's way of saying it could not start (told below)
+        pass
     finally:
-        engine.close()
+        client.stop()
+    if not server.started:
+        fail(f"could not serve on {host}:{port} (in use, or not this machine's address): pick another --port / --host")

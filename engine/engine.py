@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from engine.admission import checked_sequence
 from engine.config import EngineConfig, ModelConfig
 from engine.model import DecoderModel
 from engine.outputs import RequestOutput
@@ -151,16 +152,9 @@ class LLMEngine:
 
     def check_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams) -> Sequence:
         """The request as the engine would hold it, or ValueError naming why it can never be served
-        (token ids outside the vocabulary, longer than max_model_len or the KV pool). Reads only
-        configuration, so a server's threads may call it while one thread steps the engine."""
-        prompt = [int(t) for t in prompt_token_ids]
-        bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise ValueError(f"request {request_id!r} has token ids outside the vocabulary "
-                             f"[0, {self.model_config.vocab_size}): {bad[:5]}")
-        seq = Sequence(str(request_id), prompt, params, self.clock())
-        self.scheduler.check_request(seq)
-        return seq
+        (engine/admission.py)."""
+        return checked_sequence(self.scheduler, self.model_config.vocab_size, request_id, prompt_token_ids, params,
+                                self.clock())
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Stop a request now (its blocks go back to the pool); returns it as it stood, finish

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over one EngineLoop (FastAPI): /v1/completions and
+"""The OpenAI-compatible HTTP API over one engine process (FastAPI): /v1/completions and
 /v1/chat/completions (streamed as server-sent events, or whole), /v1/models, /health, /metrics.
 
 Every refusal is an HTTP 4xx with an OpenAI-style body, {"error": {"message", "type", "param",
@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from app.serve.engine_loop import EngineLoop
+from app.serve.engine_process import EngineClient
 from app.serve.generation import Generation
 from app.serve.metrics import ServerMetrics
 from app.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -32,7 +32,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default; chat
 
 @dataclass
 class ServerState:
-    loop: EngineLoop
+    loop: EngineClient
     tokenizer: Tokenizer
     model_name: str
     metrics: ServerMetrics
@@ -79,20 +79,20 @@ async def parse_body(request: Request, model):
 
 
 def build_app(state: ServerState) -> FastAPI:
-    """The app; its lifespan starts the engine loop and, once uvicorn has drained the requests in
-    flight (SIGTERM), stops it."""
+    """The app. Its lifespan points the engine's deliveries at uvicorn's event loop (one
+    call_soon_threadsafe a step) and stops the engine process once uvicorn has drained the requests
+    in flight."""
 
     @asynccontextmanager
     async def lifespan(_):
-        if not state.loop.started:
-            state.loop.start()
+        event_loop = asyncio.get_running_loop()
+        state.loop.deliver = lambda batch: event_loop.call_soon_threadsafe(call_each, batch)
         yield
         state.loop.stop()
 
     app = FastAPI(title="servecast", summary="servecast's engine behind the OpenAI API", lifespan=lifespan)
     app.state.serve = state
     state.created = int(time.time())
-    engine = state.loop.engine
 
     @app.exception_handler(ApiError)
     async def _api_error(_, exc: ApiError):
@@ -101,18 +101,18 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         if state.loop.error is not None:
-            return JSONResponse({"error": f"the engine loop stopped: {state.loop.error!r}"}, status_code=503)
+            return JSONResponse({"error": state.loop.error}, status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.metrics.exposition(state.loop), media_type=CONTENT_TYPE_LATEST)
+        return Response(state.metrics.exposition(state.loop.state), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
                                             "owned_by": "servecast",
-                                            "max_model_len": engine.scheduler_config.max_model_len}]}
+                                            "max_model_len": state.loop.max_model_len}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -130,7 +130,7 @@ def build_app(state: ServerState) -> FastAPI:
         if body.model is not None and body.model != state.model_name:
             raise ApiError(404, f"model {body.model!r} is not served here: this server serves "
                                 f"{state.model_name!r} (GET /v1/models)", "model", "not_found_error")
-        max_len = engine.scheduler_config.max_model_len
+        max_len = state.loop.max_model_len
         max_tokens = body.max_tokens
         if max_tokens is None:
             max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if kind == "completion" else max_len - len(prompt)
@@ -142,7 +142,7 @@ def build_app(state: ServerState) -> FastAPI:
             params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
                                     top_p=body.top_p, seed=body.seed, stop_token_ids=tuple(body.stop_token_ids or ()),
                                     ignore_eos=body.ignore_eos, min_tokens=min(body.min_tokens, max_tokens))
-            engine.check_request(request_id, prompt, params)
+            state.loop.check_request(request_id, prompt, params)
         except ValueError as exc:
             text = str(exc).replace(f"request {request_id!r} ", "the prompt ").replace(f"request {request_id!r}: ", "")
             param = "max_tokens" if "max_tokens" in text and body.max_tokens is not None else (
@@ -153,9 +153,7 @@ def build_app(state: ServerState) -> FastAPI:
             raise ApiError(429, f"{limit} requests are already queued (--max-queued-requests): retry later",
                            kind="rate_limit_error", headers={"Retry-After": "1"})
         outputs: asyncio.Queue = asyncio.Queue()
-        event_loop = asyncio.get_running_loop()
-        state.loop.submit(request_id, prompt, params,
-                          lambda item: event_loop.call_soon_threadsafe(outputs.put_nowait, item))
+        state.loop.submit(request_id, prompt, params, outputs.put_nowait, time.perf_counter())  # fed on this loop
         generation = Generation(state.tokenizer, body.stop, len(prompt))
         shaper = Chunks(request_id, state.model_name, kind)
         if body.stream:
@@ -212,6 +210,11 @@ def build_app(state: ServerState) -> FastAPI:
         return shaper.whole(generation.text, generation.finish_reason, generation.usage())
 
     return app
+
+
+def call_each(batch: list) -> None:
+    for sink, item in batch:
+        sink(item)
 
 
 def sse(payload: dict) -> str:

@@ -1,38 +1,28 @@
-"""One thread steps the engine; the server's requests reach it through a thread-safe queue.
+"""The engine process's loop: step the engine, take commands between steps, hand out outputs.
 
-Invariant: only the loop thread touches the LLMEngine. HTTP handlers submit and abort by putting
-commands on the queue, and each request's outputs come back through its sink, a callable the loop
-calls with every new RequestOutput (or an error string when the engine refused the request). The
-sink must not block: the server's sink hands the item to its asyncio queue with
-call_soon_threadsafe.
+Invariant: only this loop touches the LLMEngine. Commands (add, abort, stop) come from `commands`
+(anything with get(timeout) / get_nowait() raising queue.Empty: app/serve/engine_process.py
+feeds it from a pipe); each request's outputs go to its sink (an opaque key the loop passes
+back). The loop hands every step's (sink, item) pairs to `deliver` in one call, where an item is
+a RequestOutput, or an error string when the engine refused the request or stopped. Every request
+ends with exactly one final item: a finished output (an aborted request's finish reason is the
+abort's), or an error string. `on_state` hears every change of the load it reports.
 """
 
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
-
-from engine.sampling_params import SamplingParams
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
-    from engine.outputs import RequestOutput
-
-Sink = Callable[["RequestOutput | str"], None]
-
-
-class Observer(Protocol):
-    """Sees every output on the loop thread (the server's metrics), an aborted request's too."""
-
-    def on_output(self, out: "RequestOutput") -> None: ...
 
 
 @dataclass(frozen=True)
 class LoadState:
-    """What the loop last saw, for /metrics and the queue limit (read from any thread)."""
+    """What the loop last saw, for /metrics and the queue limit."""
 
     running: int = 0
     waiting: int = 0
@@ -41,100 +31,66 @@ class LoadState:
 
 
 class EngineLoop:
-    def __init__(self, engine: "LLMEngine", observer: Observer | None = None) -> None:
-        self.engine = engine
-        self.observer = observer
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[str, Sink] = {}
-        self._submitted = 0  # requests put on the queue, not yet finished, aborted or refused
-        self._count_lock = threading.Lock()
-        self.state = self._read_state()
+    def __init__(self, engine: "LLMEngine", commands, deliver: Callable[[list[tuple[Any, Any]]], None],
+                 on_state: Callable[[LoadState], None] = lambda state: None) -> None:
+        self.engine, self.commands, self.deliver, self.on_state = engine, commands, deliver, on_state
+        self._sinks: dict[str, Any] = {}
         self._stopping = False
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.state = self._read_state()
 
-    def start(self) -> "EngineLoop":
-        self._thread.start()
-        return self
-
-    @property
-    def started(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def outstanding(self) -> int:
-        """Requests submitted and not yet done (running, waiting, or still on the queue)."""
-        return self._submitted
-
-    def submit(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink) -> None:
-        with self._count_lock:
-            self._submitted += 1
-        self._commands.put(("add", request_id, prompt, params, sink))
-
-    def abort(self, request_id: str, reason: str = "abort") -> None:
-        """Stop a request (a client gone: "abort"; a stop string the server matched: "stop")."""
-        self._commands.put(("abort", request_id, reason))
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stopping = True
-        self._commands.put(("wake",))
-        self._thread.join(timeout)
-
-    # -- the loop thread ------------------------------------------------------------------------
     def _read_state(self) -> LoadState:
         scheduler = self.engine.scheduler
         manager = scheduler.block_manager
         return LoadState(len(scheduler.running), len(scheduler.waiting), manager.usage, manager.num_free_blocks)
 
-    def _done(self, request_id: str) -> None:
-        self._sinks.pop(request_id, None)
-        with self._count_lock:
-            self._submitted -= 1
-
     def _apply(self, command: tuple) -> None:
-        if command[0] == "add":
+        kind = command[0]
+        if kind == "add":
             _, request_id, prompt, params, sink = command
             try:
                 self.engine.add_request(request_id, prompt, params)
             except ValueError as exc:  # refused: the client hears why, the others are untouched
-                sink(str(exc))
-                with self._count_lock:
-                    self._submitted -= 1
+                self.deliver([(sink, str(exc))])
                 return
             self._sinks[request_id] = sink
-        elif command[0] == "abort":
+        elif kind == "abort":
             _, request_id, reason = command
-            if request_id in self._sinks:  # not finished yet: its blocks go back to the pool now
-                out = self.engine.abort_request(request_id)
-                self._done(request_id)
-                if self.observer is not None:
-                    self.observer.on_output(replace(out, finish_reason=reason))
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:  # not finished yet: its blocks go back to the pool now
+                self.deliver([(sink, replace(self.engine.abort_request(request_id), finish_reason=reason))])
+        elif kind == "stop":
+            self._stopping = True
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Step the engine until a stop command (or the commands' source closes: EOFError)."""
         engine = self.engine
         try:
             while not self._stopping:
-                block = not engine.has_unfinished_requests()
                 try:
-                    command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
-                    self._apply(command)
+                    busy = engine.has_unfinished_requests()
+                    self._apply(self.commands.get_nowait() if busy else self.commands.get(timeout=1.0))
                     while True:  # everything queued meanwhile joins this step
-                        self._apply(self._commands.get_nowait())
+                        self._apply(self.commands.get_nowait())
                 except queue.Empty:
                     pass
                 if engine.has_unfinished_requests():
+                    batch = []
                     for out in engine.step():
-                        if self.observer is not None:
-                            self.observer.on_output(out)
-                        sink = self._sinks.get(out.request_id)
-                        if sink is not None:
-                            sink(out)
                         if out.finished:
-                            self._done(out.request_id)
-                self.state = self._read_state()
-        except BaseException as exc:  # a bug in a step: every waiting client hears it, none hangs
-            self.error = exc
-            for sink in list(self._sinks.values()):
-                sink(f"the engine stopped: {exc!r}")
+                            sink = self._sinks.pop(out.request_id, None)
+                        else:
+                            sink = self._sinks.get(out.request_id)
+                        if sink is not None:
+                            batch.append((sink, out))
+                    if batch:
+                        self.deliver(batch)
+                state = self._read_state()
+                if state != self.state:
+                    self.state = state
+                    self.on_state(state)
+        except EOFError:
+            return
+        except Exception as exc:  # a bug in a step: every waiting client hears it, none hangs
+            self.deliver([(sink, f"the engine stopped: {exc!r}") for sink in self._sinks.values()])
             self._sinks.clear()
             raise

@@ -1,6 +1,7 @@
 """/metrics: Prometheus text under vLLM's metric names (model_name label), so dashboards and
-scrapers written for vLLM read servecast's server unchanged. Updated on the engine loop's thread
-(prometheus_client is thread-safe); the gauges are read from the loop's last LoadState on scrape."""
+scrapers written for vLLM read servecast's server unchanged. Updated on the thread reading the
+engine's outputs (prometheus_client is thread-safe); the gauges are set from the engine's last
+LoadState on scrape."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from app.serve.engine_loop import EngineLoop
+from app.serve.engine_loop import LoadState
 
 if TYPE_CHECKING:
     from engine.outputs import RequestOutput
@@ -76,8 +77,7 @@ class ServerMetrics:
         self.prefix_queries.inc(prompt)
         self.prefix_hits.inc(out.num_cached_prompt_tokens)
 
-    def exposition(self, loop: EngineLoop) -> bytes:
-        state = loop.state
+    def exposition(self, state: LoadState) -> bytes:
         self.running.set(state.running)
         self.waiting.set(state.waiting)
         self.kv_usage.set(state.kv_usage)

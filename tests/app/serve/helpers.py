@@ -4,6 +4,7 @@ and a word-level HF tokenizer folder (token i is the word "w<i>") so text maps b
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from app.serve.api import ServerState, build_app
-from app.serve.engine_loop import EngineLoop
+from app.serve.engine_process import EngineClient
 from app.serve.metrics import ServerMetrics
 from app.serve.tokenizers import HFTokenizer
 from engine import LLMEngine
@@ -48,11 +49,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tiny_engine_source(**settings) -> tuple[LLMEngine, str]:
+    """What the engine process builds (picklable as a functools.partial)."""
+    return tiny_engine(**settings), "tiny"
+
+
 @contextlib.contextmanager
-def running_server(engine: LLMEngine, tokenizer, max_queued_requests: int | None = None):
-    """(base url, ServerState) of a server on a free loopback port, stopped on exit."""
+def running_server(tokenizer, max_queued_requests: int | None = None, **engine_settings):
+    """(base url, ServerState) of a server on a free loopback port (its engine, tiny_engine with
+    these settings, in a process of its own), stopped on exit."""
     metrics = ServerMetrics("tiny")
-    state = ServerState(EngineLoop(engine, metrics), tokenizer, "tiny", metrics, max_queued_requests)
+    client = EngineClient(functools.partial(tiny_engine_source, **engine_settings), metrics)
+    state = ServerState(client, tokenizer, "tiny", metrics, max_queued_requests)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -67,6 +75,7 @@ def running_server(engine: LLMEngine, tokenizer, max_queued_requests: int | None
     finally:
         server.should_exit = True
         thread.join(30)
+        client.stop()
 
 
 def wait_for(condition, timeout: float = 30.0) -> None:

@@ -22,7 +22,7 @@ def tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    with running_server(tiny_engine(), tokenizer) as (url, state):
+    with running_server(tokenizer) as (url, state):
         yield url, state
 
 

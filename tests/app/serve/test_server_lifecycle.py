@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.serve.tokenizers import ByteTokenizer
-from tests.app.serve.helpers import free_port, running_server, tiny_engine, wait_for
+from tests.app.serve.helpers import free_port, running_server, wait_for
 
 
 def open_stream(url: str, prompt: list[int], max_tokens: int):
@@ -34,15 +34,14 @@ def next_chunk(lines) -> dict:
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks() -> None:
-    engine = tiny_engine(max_model_len=128)
-    with running_server(engine, ByteTokenizer()) as (url, state):
+    with running_server(ByteTokenizer()) as (url, state):
         free_at_start = state.loop.state.free_blocks
         client, response, lines = open_stream(url, list(range(1, 40)), 80)
         next_chunk(lines), next_chunk(lines)
         wait_for(lambda: state.loop.state.free_blocks < free_at_start)
         response.close()
         client.close()
-        wait_for(lambda: state.loop.outstanding == 0 and not engine.has_unfinished_requests())
+        wait_for(lambda: state.loop.outstanding == 0 and state.loop.state.running == 0)
         wait_for(lambda: state.loop.state.free_blocks == free_at_start)
         # the server goes on serving
         done = httpx.post(url + "/completions", json={"prompt": [5, 6], "max_tokens": 3, "ignore_eos": True})
@@ -50,8 +49,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks() -> None:
 
 
 def test_a_full_queue_gets_429_with_retry_after() -> None:
-    engine = tiny_engine(max_num_seqs=1)
-    with running_server(engine, ByteTokenizer(), max_queued_requests=1) as (url, state):
+    with running_server(ByteTokenizer(), max_queued_requests=1, max_num_seqs=1) as (url, state):
         first = open_stream(url, [1, 2, 3], 100)
         next_chunk(first[2])  # running
         second = open_stream(url, [4, 5, 6], 4)
