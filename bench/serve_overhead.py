@@ -6,7 +6,7 @@ Prints output tokens/s and mean TTFT of each round and the medians' ratio (targe
 so the client's work competes with it for this machine's cores as a load generator's would. Not a
 test: figures only.
 
-    python bench/serve_overhead.py [--streams 32] [--prompt 64] [--output 64] [--rounds 3]
+    python bench/serve_overhead.py [--streams 32] [--prompt 64] [--output 64] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -90,7 +90,10 @@ def main() -> None:
     p.add_argument("--output", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=8341)
+    p.add_argument("--quick", action="store_true", help="4 streams of 8 tokens, one round")
     args = p.parse_args()
+    if args.quick:
+        args.streams, args.output, args.rounds = 4, 8, 1
     prompts = requests(args)
     print(f"{args.streams} requests of {args.prompt} prompt / {args.output} output tokens, demo model, "
           f"{os.cpu_count()} cores; {args.rounds} rounds each, interleaved")
