@@ -29,15 +29,18 @@ MIN_WORDS = 64
 
 
 def load_tokenizer(folder: Path):
-    """An HF tokenizer from a local folder (nothing is fetched); ValueError naming the folder otherwise."""
+    """An HF tokenizer from a local folder (nothing is fetched; `servecast serve` and `replay` both
+    read --tokenizer with this); ValueError naming the folder otherwise."""
     if not Path(folder).is_dir():
         raise ValueError(f"--tokenizer {folder}: no such folder (give a local HF tokenizer folder)")
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--tokenizer {folder}: not a tokenizer folder ({exc})") from None
+    except (OSError, ValueError) as exc:  # transformers' messages run to paragraphs: the kind only
+        raise ValueError(f"--tokenizer {folder}: not a tokenizer folder transformers can read offline "
+                         f"({exc.__class__.__name__}): give a folder with tokenizer.json or "
+                         f"tokenizer_config.json") from None
 
 
 def token_prompts(workload: Workload, vocab_size: int, seed: int) -> list[list[int]]:

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from app.serve.engine_process import EngineClient
+from app.serve.engine_process import EngineClient, call_each
 from app.serve.generation import Generation
 from app.serve.metrics import ServerMetrics
 from app.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -210,11 +210,6 @@ def build_app(state: ServerState) -> FastAPI:
         return shaper.whole(generation.text, generation.finish_reason, generation.usage())
 
     return app
-
-
-def call_each(batch: list) -> None:
-    for sink, item in batch:
-        sink(item)
 
 
 def sse(payload: dict) -> str:

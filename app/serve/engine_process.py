@@ -96,7 +96,7 @@ def engine_main(make_engine: Callable[[], tuple[Any, str]], commands, outputs) -
                 sent.pop(request_id, None)
             else:
                 sent[request_id] = len(item.output_token_ids)
-        outputs.send(("outputs", news, loop.state))
+        outputs.send(("outputs", news))  # the load after this step follows as a "state" message
 
     loop = EngineLoop(engine, _PipeCommands(commands), deliver, lambda state: outputs.send(("state", state)))
     outputs.send(("ready", EngineFacts(described, engine.model_config.vocab_size, engine.model_config.eos_token_ids,
@@ -105,6 +105,12 @@ def engine_main(make_engine: Callable[[], tuple[Any, str]], commands, outputs) -
         loop.run()
     finally:
         engine.close()
+
+
+def call_each(batch: list) -> None:
+    """Hand each (sink, item) pair's item to its sink, on the calling thread."""
+    for sink, item in batch:
+        sink(item)
 
 
 @dataclass
@@ -145,7 +151,7 @@ class EngineClient:
         self._check = Scheduler(payload.scheduler_config, payload.cache_config, payload.eos_token_ids)
         self.max_model_len: int = payload.scheduler_config.max_model_len
         self.observer = observer
-        self.deliver: Callable[[list], None] = lambda batch: [sink(item) for sink, item in batch]
+        self.deliver: Callable[[list], None] = call_each
         self.state: LoadState = payload.state
         self.error: str | None = None
         self._requests: dict[str, _Request] = {}
@@ -190,7 +196,7 @@ class EngineClient:
             if kind == "state":
                 self.state = payload[0]
                 continue
-            news, self.state = payload
+            (news,) = payload
             batch = []
             for request_id, item in news:
                 out = self._rebuild(request_id, item)

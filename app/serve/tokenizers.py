@@ -54,14 +54,9 @@ class ByteTokenizer:
 
 class HFTokenizer:
     def __init__(self, folder: Path) -> None:
-        from transformers import AutoTokenizer
+        from calibrate.replay_prompts import load_tokenizer as load_hf
 
-        try:
-            self._tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--tokenizer {folder}: not a tokenizer folder transformers can read offline "
-                             f"({exc.__class__.__name__}): give a folder with tokenizer.json or "
-                             f"tokenizer_config.json") from None
+        self._tok = load_hf(folder)
         self.name = str(folder)
         eos = self._tok.eos_token_id
         self.eos_token_ids = () if eos is None else (int(eos),)
@@ -78,7 +73,7 @@ class HFTokenizer:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         if self._tok.chat_template:
             ids = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in newer transformers
         return self.encode(plain_chat_text(messages))
 
 
