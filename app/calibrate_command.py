@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -21,24 +21,34 @@ def calibrate_command(
                                        "--runs: the engine profile to write"),
     update_catalog: bool = typer.Option(False, "--update-catalog", help="write the refit into the installed "
                                         "simulator/catalog/efficiency.json instead, which every simulation reads"),
-    runs: Optional[Path] = typer.Option(None, help="instead: fit an engine profile on a markdown or CSV table of "
-                                        "real runs (the shape of ../shared/reference/vllm-runs.md)"),
-    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to start from (default vllm-v0.15)"),
-    hardware: str = typer.Option("h100-sxm", help="--runs: the GPU of runs whose table has no Hardware column"),
+    runs: Optional[List[Path]] = typer.Option(None, help="instead: fit an engine profile on measured runs -- replay "
+                                              "folders (servecast replay --out), folders of them, or markdown/CSV "
+                                              "tables of runs (the shape of ../shared/reference/vllm-runs.md); "
+                                              "repeat --runs for more"),
+    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to start from (default: servecast's "
+                                         "own for replays of servecast serve on a profiled device, else vllm-v0.15)"),
+    profile: Optional[Path] = typer.Option(None, help="--runs: the servecast profile of a profiled device (cpu-local) "
+                                           "that replays ran on, as simulate takes it"),
+    hardware: Optional[str] = typer.Option(None, help="--runs: the device of runs that name none (a table without a "
+                                           "Hardware column: default h100-sxm)"),
     max_num_batched_tokens: int = typer.Option(2048, help="--runs: of runs whose table has no mbt column"),
-    fit_time_scale: float = typer.Option(0.1, help="--runs: shorten every stage this much while fitting"),
-    time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit"),
-    evaluations: int = typer.Option(40, help="--runs: most simulations of every run while fitting"),
+    fit_time_scale: float = typer.Option(0.1, help="--runs: shorten every table run's stages this much while fitting"),
+    time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit (replays: whole)"),
+    workers: int = typer.Option(1, help="--runs: cross-validation folds in this many processes"),
+    evaluations: int = typer.Option(200, help="--runs: most simulations of every run while fitting (it stops "
+                                    "sooner once converged)"),
+    as_json: bool = typer.Option(False, "--json", help="--runs: print the fit's figures as JSON on stdout, nothing else"),
 ) -> None:
     """Refit the shipped efficiency curves on the Vidur A100 profiles into ./efficiency.json (or
     --out; --update-catalog: the installed catalog file); print the A40 held-out error.
-    With --runs: fit a serving-engine profile on real runs, cross-validated."""
-    if update_catalog and runs is not None:
+    With --runs: fit a serving-engine profile on measured runs (replays, runs tables), cross-validated."""
+    if update_catalog and runs:
         fail("--update-catalog refits the shipped efficiency curves; it does not apply to --runs (use --out)")
-    if runs is not None:
+    if runs:
         from app.runs_command import calibrate_runs
 
-        calibrate_runs(runs, out, engine, hardware, max_num_batched_tokens, fit_time_scale, time_scale, evaluations)
+        calibrate_runs(runs, out, engine, hardware, max_num_batched_tokens, fit_time_scale, time_scale, evaluations,
+                       profile, workers, as_json)
         return
     from calibrate.fit import PARAMS_OUT, build_params
 

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
 from engine.replay import TimedRequest
 from engine.sampling_params import SamplingParams
+from simulator.catalog.models import model_config_path
 from simulator.workload.requests import BUNDLED_LENGTHS, load_length_pairs, sample_lengths
 
-# A small Llama-architecture config (GQA, SwiGLU, RoPE) sized for a CPU demo.
-DEMO_MODEL = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 8192,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-}
+# The bundled demo model: a small Llama-architecture config (GQA, SwiGLU, RoPE) sized for a CPU, kept
+# in the model catalog so the simulator can name it too (`--model servecast-demo`).
+DEMO_CATALOG_ID = "servecast-demo"
+DEMO_MODEL = {k: v for k, v in json.loads(model_config_path(DEMO_CATALOG_ID).read_text()).items()
+              if not k.startswith("_")}
 
 
 @dataclass(frozen=True)

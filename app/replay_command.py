@@ -4,7 +4,10 @@ calibrate/replay_summary.py summarises)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import secrets
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -16,20 +19,61 @@ from rich.table import Table
 from app.common import console, dumps, fail, progress_bar, wide_console
 
 
+def deployment_of(stated: str, server: dict | None, model: str) -> dict | None:
+    """The replayed server as the simulator sees it: what the server reported (servecast's does),
+    overridden by --deployment; the model's catalog id from the served name where neither gave one."""
+    from calibrate.deployment import parse_deployment
+    from calibrate.http_replay import reported_deployment
+    from calibrate.real_runs import RunsError, catalog_model
+
+    deployment = {**reported_deployment(server, model), **parse_deployment(stated)}
+    if "model" not in deployment:
+        with contextlib.suppress(RunsError):
+            deployment["model"] = catalog_model(model)
+    return deployment or None
+
+
+@dataclass
+class Prepared:
+    """A replay ready to send: nothing past this point fails on bad input."""
+
+    url: str
+    model: str
+    server: dict | None
+    workload: object  # simulator.workload.requests.Workload
+    prompts: list
+    warmup: object  # the warm-up requests (a Workload, maybe empty)
+    warmup_prompts: list
+    vocab_size: int
+    slos: dict
+    deployment: dict | None
+
+
+def warmup_workload(workload, count: int):
+    """The first `count` requests' shapes, all at once, without shared segments: they warm the
+    server (allocations, caches, lazy set-up) and leave nothing the replay's prompts could hit."""
+    from simulator.workload.requests import make_workload
+
+    return make_workload("warm-up", [(0.0, r.prompt_tokens, r.output_tokens, ()) for r in workload.requests[:count]])
+
+
 def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path], vocab_size: Optional[int],
-            max_concurrency: Optional[int], slo: str, rate_scale: float, seed: int):
-    """Everything that can fail on bad input, before anything is sent: the SLOs, the URL, the
-    workload, the prompts, and the server (which must answer GET /models)."""
+            max_concurrency: Optional[int], slo: str, rate_scale: float, seed: int, prompt_seed: int,
+            deployment: str = "", warmup: int = 0) -> Prepared:
+    """Everything that can fail on bad input, before anything is sent: the SLOs, the deployment,
+    the URL, the workload, the prompts, and the server (which must answer GET /models)."""
+    from calibrate.deployment import parse_deployment
     from calibrate.http_replay import base_url, first_model, server_models
     from calibrate.replay_prompts import load_tokenizer, text_prompts, token_prompts
-    from simulator.fleet.sim_config import SimConfig, parse_slos
+    from simulator.fleet.sim_config import check_slos, parse_slos
     from simulator.workload.load import load_workload
 
-    slos = SimConfig._check_slo(parse_slos(slo))  # simulate's SLO rules, without a fleet to configure
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"--max-concurrency must be at least 1, got {max_concurrency}")
-    if vocab_size is not None and vocab_size < 1:
-        raise ValueError(f"--vocab-size must be at least 1, got {vocab_size}")
+    slos = check_slos(parse_slos(slo))  # simulate's SLO rules, without a fleet to configure
+    parse_deployment(deployment)  # a bad --deployment fails before the server is asked anything
+    for name, value, least in (("--max-concurrency", max_concurrency, 1), ("--vocab-size", vocab_size, 1),
+                               ("--warmup", warmup, 0), ("--prompt-seed", prompt_seed, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{name} must be at least {least}, got {value}")
     url = base_url(url)
     workload = load_workload(trace, seed=seed, rate_scale=rate_scale)
     if not len(workload):
@@ -41,11 +85,14 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
     if tokenizer is not None:
         loaded = load_tokenizer(tokenizer)
         vocab_size = vocab_size or len(loaded)
-        prompts = text_prompts(workload, loaded, vocab_size, seed)
+        make = lambda w, s: text_prompts(w, loaded, vocab_size, s)  # noqa: E731
     else:
         vocab_size = vocab_size or 256
-        prompts = token_prompts(workload, vocab_size, seed)
-    return url, model, server, workload, prompts, vocab_size, slos
+        make = lambda w, s: token_prompts(w, vocab_size, s)  # noqa: E731
+    warm = warmup_workload(workload, warmup)
+    # The warm-up's ids are drawn under another seed: the replay's own prompts never hit them.
+    return Prepared(url, model, server, workload, make(workload, prompt_seed), warm, make(warm, prompt_seed + 1),
+                    vocab_size, slos, deployment_of(deployment, server, model))
 
 
 def print_summary(summary: dict) -> None:
@@ -88,9 +135,18 @@ def replay_command(
                                                   "the wait counts in their latency (default: no limit)"),
     slo: str = typer.Option("", help="e.g. ttft_p99=2s,tpot_p99=100ms"),
     rate_scale: float = typer.Option(1.0, help="multiply the trace's arrival rate"),
-    seed: int = typer.Option(0, help="the workload's seed and the prompts' token ids'"),
+    seed: int = typer.Option(0, help="the workload's seed (its lengths and arrivals)"),
+    prompt_seed: Optional[int] = typer.Option(None, help="the prompts' token ids' seed (default: a new one each "
+                                              "replay, recorded, so that a replay never hits prefix-cache entries "
+                                              "an earlier replay of the same trace left on the server)"),
+    warmup: int = typer.Option(0, help="first send this many requests (the trace's first shapes, at once, prompts "
+                               "of their own) and wait for them: a server that just started runs its first requests "
+                               "slower (not recorded)"),
     request_timeout: float = typer.Option(600.0, help="seconds without a byte from the server before a request "
                                           "fails"),
+    deployment: str = typer.Option("", help="the server as the simulator should see it, SimConfig fields: e.g. "
+                                   "model=llama-3.1-8b,hardware=h100-sxm,tp=2,max_num_batched_tokens=8192 (servecast "
+                                   "serve reports its own); recorded for servecast calibrate --runs"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write requests.parquet and summary.json"),
 ) -> None:
@@ -101,20 +157,31 @@ def replay_command(
 
     if not request_timeout > 0:
         fail(f"--request-timeout must be a positive number of seconds, got {request_timeout}")
+    if prompt_seed is None:
+        prompt_seed = secrets.randbelow(2**31)
     try:
-        url, model, server, workload, prompts, vocab_size, slos = prepare(
-            url, trace, model, tokenizer, vocab_size, max_concurrency, slo, rate_scale, seed)
+        ready = prepare(url, trace, model, tokenizer, vocab_size, max_concurrency, slo, rate_scale, seed, prompt_seed,
+                        deployment, warmup)
     except ValueError as exc:
         fail(str(exc))
-    info = ReplayInfo(url=url, model=model, trace=trace, seed=seed, rate_scale=rate_scale,
+    info = ReplayInfo(url=ready.url, model=ready.model, trace=trace, seed=seed, rate_scale=rate_scale,
                       max_concurrency=max_concurrency, tokenizer=str(tokenizer) if tokenizer else None,
-                      vocab_size=vocab_size, started_at=datetime.now(timezone.utc).isoformat(), server=server)
-    with progress_bar("replaying", transient=as_json, remaining=True) as progress:
-        task = progress.add_task("replay", total=len(workload))
-        records = replay(url, model, workload, prompts, max_concurrency, request_timeout,
+                      vocab_size=ready.vocab_size, started_at=datetime.now(timezone.utc).isoformat(),
+                      server=ready.server, deployment=ready.deployment, prompt_seed=prompt_seed)
+    with progress_bar("{task.description}", transient=as_json, remaining=True) as progress:
+        if len(ready.warmup):
+            task = progress.add_task("warming up", total=len(ready.warmup))
+            warm = replay(ready.url, ready.model, ready.warmup, ready.warmup_prompts, max_concurrency, request_timeout,
+                          on_done=lambda done: progress.update(task, completed=done))
+            failed = [r.error for r in warm if r.error]
+            if failed:
+                fail(f"{len(failed)} of {len(warm)} warm-up requests failed ({failed[0]}): nothing was replayed")
+            progress.remove_task(task)
+        task = progress.add_task("replaying", total=len(ready.workload))
+        records = replay(ready.url, ready.model, ready.workload, ready.prompts, max_concurrency, request_timeout,
                          on_done=lambda done: progress.update(task, completed=done))
     requests = records_frame(records)
-    summary = summarize(requests, slos, info)
+    summary = summarize(requests, ready.slos, info)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         requests.to_parquet(out / REQUESTS_FILE, index=False)

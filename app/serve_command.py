@@ -38,39 +38,52 @@ def serve_command(
     quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
     kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
     seed: int = typer.Option(0, help="the random weights' seed, and sampling's without a request seed"),
+    threads: Optional[int] = typer.Option(None, help="torch's CPU threads in the engine process (default: torch's "
+                                          "choice); profile with the same --threads to simulate this server"),
+    hardware: Optional[str] = typer.Option(None, help="this device's name in the simulator, as given to servecast "
+                                           "profile --hardware (default: cpu-local / cuda-local)"),
 ) -> None:
     """Serve a model with servecast's engine over the OpenAI API: /v1/completions,
     /v1/chat/completions (streamed or not), /v1/models, /health, /metrics (vLLM's metric names)."""
     import uvicorn
 
-    from app.engine_source import build_engine
+    from app.engine_source import build_engine, sim_model
     from app.serve.api import ServerState, build_app
     from app.serve.engine_process import EngineClient
     from app.serve.metrics import ServerMetrics
     from app.serve.tokenizers import load_tokenizer
+    from calibrate.deployment import engine_deployment
     from engine import EngineConfig
+    from simulator.catalog.hardware import get_accelerator
 
     if max_queued_requests is not None and max_queued_requests < 0:
         fail(f"--max-queued-requests must be >= 0, got {max_queued_requests}")
     if not 0 < port < 65536:
         fail(f"--port must be in 1-65535, got {port}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be at least 1, got {threads}")
     name = served_model_name or model
     metrics = ServerMetrics(name)
     try:
         text = load_tokenizer(tokenizer)
+        if hardware is not None:
+            get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
         config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                               enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
                               device=device, dtype=dtype, seed=seed, tensor_parallel_size=tp,
                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
-        client = EngineClient(functools.partial(build_engine, model, config, seed), metrics)
+        client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
     except ValueError as exc:
         fail(str(exc))
     facts = client.facts
+    # What the simulator needs to replay this server: GET /v1/models reports it (servecast replay records it).
+    deployment = engine_deployment(sim_model(model), config, facts.cache_config.num_blocks, client.max_model_len,
+                                   hardware)
     print(f"servecast serve: {facts.described}, {facts.cache_config.num_blocks} KV blocks of {block_size}, "
           f"max_model_len {client.max_model_len}, tokenizer {text.name}; "
           f"OpenAI API at http://{host}:{port}/v1 as {name!r}", file=sys.stderr, flush=True)
-    state = ServerState(client, text, name, metrics, max_queued_requests)
+    state = ServerState(client, text, name, metrics, max_queued_requests, deployment)
     server = uvicorn.Server(uvicorn.Config(build_app(state), host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=grace_period))
     # uvicorn drains on SIGTERM, then raises the signal again to the handler it found: a no-op one

@@ -84,11 +84,43 @@ def print_summary(summary: dict) -> None:
         out.print(f"rejected {count}: {reason}")
 
 
+# What --replay takes from the replay folder instead of the command line.
+FROM_REPLAY = ("model", "trace", "tp", "pp", "replicas", "quant", "kv_dtype", "activation_dtype", "block_size",
+               "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
+               "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
+               "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile",
+               "expert_parallel", "routing_skew")
+
+
+def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile: Path | None,
+                 hardware_file: Path | None, slo: str, engine: str | None, engine_file: Path | None):
+    """(config, trace, rate scale) of what a replay folder sent, on the server it ran against;
+    ValueError for flags the replay already sets."""
+    from calibrate.replay_runs import replay_config
+    from calibrate.replay_summary import read_replay
+    # By name: typer carries its own copy of click's ParameterSource.
+    given = [name for name in FROM_REPLAY if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
+    if given:
+        raise ValueError(f"--replay takes the trace and the server from {folder}: drop "
+                         + ", ".join(f"--{name.replace('_', '-')}" for name in given))
+    replayed = read_replay(folder)
+    targets = replayed.summary.get("slo", {}).get("targets") or {}
+    optional = {"engine_file": engine_file, "hardware_file": hardware_file}
+    config = replay_config(replayed, hardware, str(profile) if profile else None, slo=slo or targets, engine=engine,
+                           **{k: str(v) for k, v in optional.items() if v is not None})
+    return config, replayed.info.trace, replayed.info.rate_scale
+
+
 def simulate_command(
-    model: str = typer.Option(..., help="catalog model id (llama-3.1-8b, ...) or an HF config.json path"),
-    hardware: str = typer.Option(..., help="catalog hardware id (a100-80gb, h100-sxm, ...) or cpu-local with --profile"),
-    trace: str = typer.Option(..., help="trace file (Azure/Vidur CSV, Mooncake JSONL, lengths CSV,rate=R) or "
-                                        "synthetic:num=N,input=I,output=O,rate=R"),
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, help="catalog model id (llama-3.1-8b, ...) or an HF config.json path"),
+    hardware: Optional[str] = typer.Option(None, help="catalog hardware id (a100-80gb, h100-sxm, ...) or cpu-local "
+                                           "with --profile"),
+    trace: Optional[str] = typer.Option(None, help="trace file (Azure/Vidur CSV, Mooncake JSONL, lengths CSV,rate=R) "
+                                        "or synthetic:num=N,input=I,output=O,rate=R"),
+    replay: Optional[Path] = typer.Option(None, help="instead of --model/--trace and the fleet flags: simulate what a "
+                                          "replay folder (servecast replay --out) sent, on the server it recorded; "
+                                          "then servecast compare the two summaries"),
     tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
     quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
     kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),
@@ -130,19 +162,26 @@ def simulate_command(
     from simulator.fleet.sim_config import SimConfig
 
     try:
-        config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,
-                           kv_dtype=kv_dtype, activation_dtype=activation_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                           gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
-                           enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,
-                           scheduler=scheduler, router=router, slo=slo, seed=seed,
-                           profile=str(profile) if profile else None,
-                           hardware_file=str(hardware_file) if hardware_file else None,
-                           speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-                           acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
-                           draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
-                           expert_parallel=expert_parallel, routing_skew=routing_skew, engine=engine,
-                           engine_file=str(engine_file) if engine_file else None)
+        if replay is not None:
+            config, trace, rate_scale = replay_setup(ctx, replay, hardware, profile, hardware_file, slo, engine,
+                                                     engine_file)
+        elif model is None or hardware is None or trace is None:
+            missing = [f"--{n}" for n, v in (("model", model), ("hardware", hardware), ("trace", trace)) if v is None]
+            raise ValueError(f"give {', '.join(missing)} (or --replay DIR to simulate a replay)")
+        else:
+            config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,
+                               kv_dtype=kv_dtype, activation_dtype=activation_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                               gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
+                               enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,
+                               scheduler=scheduler, router=router, slo=slo, seed=seed,
+                               profile=str(profile) if profile else None,
+                               hardware_file=str(hardware_file) if hardware_file else None,
+                               speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                               acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
+                               draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
+                               expert_parallel=expert_parallel, routing_skew=routing_skew, engine=engine,
+                               engine_file=str(engine_file) if engine_file else None)
         config.engine_profile()  # an unknown engine is bad input
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")

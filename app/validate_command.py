@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -78,20 +78,24 @@ def validate_command(
                                                "calibration's average speed)"),
     as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
-    runs: Optional[Path] = typer.Option(None, help="instead: a markdown or CSV table of real runs (the shape of "
-                                        "../shared/reference/vllm-runs.md) to replay through the simulator"),
-    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to predict with (default vllm-v0.15)"),
+    runs: Optional[List[Path]] = typer.Option(None, help="instead: measured runs to replay through the simulator -- "
+                                              "replay folders (servecast replay --out), folders of them, or markdown/"
+                                              "CSV tables of runs (the shape of ../shared/reference/vllm-runs.md); "
+                                              "repeat --runs for more (--profile: a profiled device's profile)"),
+    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to predict with (default: servecast's "
+                                         "own for replays on a profiled device, else vllm-v0.15)"),
     engine_file: Optional[Path] = typer.Option(None, help="--runs: an engine profile file instead"),
-    hardware: str = typer.Option("h100-sxm", help="--runs: the GPU of runs whose table has no Hardware column"),
+    hardware: Optional[str] = typer.Option(None, help="--runs: the device of runs that name none (a table without a "
+                                           "Hardware column: default h100-sxm)"),
     time_scale: float = typer.Option(1.0, help="--runs: shorten every stage this much (1: as run)"),
 ) -> None:
     """Replay one workload through the real engine and the simulator at three loads; print the errors.
     With --runs: replay measured serving runs through the simulator instead."""
-    if runs is not None:
+    if runs:
         from app.runs_command import validate_runs
 
         # A run without an mbt column ran vLLM's online-serving default, 2048 (the campaign's D1 runs).
-        validate_runs(runs, engine, engine_file, hardware, 2048, time_scale, as_json)
+        validate_runs(runs, engine, engine_file, hardware, 2048, time_scale, as_json, profile)
         return
     from app.demo import DEMO_MODEL
     from calibrate.validate import run_validation

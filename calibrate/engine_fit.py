@@ -9,12 +9,15 @@ and of its decode attention relative to the shipped curves (a device without run
 Everything else in the profile (CUDA graphs, the all-reduce algorithms) is fixed from public
 sources. The fit minimises a robust (soft L1) loss of the log errors of the E2E mean, TTFT mean
 and TPOT of the unsaturated runs and the TPOT of the saturated ones, each run simulated in full
-through the engine's scheduler (stages shortened by time_scale).
+through the engine's scheduler (stages shortened by time_scale). Runs are rows of runs tables or
+replays of traces against a server (calibrate/run_replay.py MeasuredRun). A fit of an engine that
+adds nothing (servecast's own, on a profiled device) starts from the device's profile as it is
+(neutral_start), a fit of a production engine from values typical of vLLM on an H100.
 
 Cross-validation refits without the held-out runs (refit_without: the robust Gauss-Newton step on
 the kept runs, taken only where their simulated loss falls), then simulates each held-out run at
 its own refitted parameters: leave one run out, and leave one model out (every run of the model
-held out together).
+held out together; none where every run is of one model).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibrate.real_runs import METRICS, RealRun
-from calibrate.run_replay import Replayed, replay, run_config
+from calibrate.real_runs import METRICS
+from calibrate.run_replay import MeasuredRun, Replayed, replay
 from simulator.catalog.engines import INTERVAL, EngineProfile, residual_quantile
 from simulator.cost.model import CostModel
 
@@ -62,7 +65,7 @@ class FitResult:
     profile: EngineProfile  # fitted on every run given
     in_sample: list[Replayed]
     leave_one_run_out: list[Replayed]
-    leave_one_model_out: list[Replayed]
+    leave_one_model_out: list[Replayed]  # empty where the runs are of one model
     theta: tuple[float, ...]
     names: tuple[str, ...]
 
@@ -99,19 +102,19 @@ def profile_at(base: EngineProfile, devices: Sequence[str], theta: Sequence[floa
                    scales=engine_scales, device_scales=scales)
 
 
-def fit_scale(run: RealRun, time_scale: float, min_s: float = MIN_FIT_S) -> float:
+def fit_scale(run: MeasuredRun, time_scale: float, min_s: float = MIN_FIT_S) -> float:
     """time_scale, or more for a short run, so that it spans at least min_s seconds."""
-    return min(1.0, max(time_scale, min_s / sum(seconds for _, seconds in run.preset.stages)))
+    return min(1.0, max(time_scale, min_s / run.duration_s))
 
 
-def predict(profile: EngineProfile, run: RealRun, time_scale: float) -> Replayed:
-    config = run_config(run)
-    cost_model = CostModel.load(run.hardware, hardware_file=config.hardware_file)
+def predict(profile: EngineProfile, run: MeasuredRun, time_scale: float) -> Replayed:
+    config = run.sim_config()
+    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
     cost_model.use_engine(profile, config.max_num_seqs, config.max_num_batched_tokens)
     return replay(run, cost_model, time_scale, config)
 
 
-def fit_metrics(run: RealRun) -> tuple[str, ...]:
+def fit_metrics(run: MeasuredRun) -> tuple[str, ...]:
     return SATURATED_FIT_METRICS if run.saturated else FIT_METRICS
 
 
@@ -126,6 +129,17 @@ def log_residuals(replayed: Replayed, metrics: Sequence[str] | None = None) -> l
     return out
 
 
+def neutral_start(runs: Sequence[MeasuredRun], devices: Sequence[str]) -> np.ndarray:
+    """Where a fit of an engine that adds nothing (servecast's own) starts: the base as it is, so
+    the first evaluation is the uncalibrated prediction -- the device's own host time per step (a
+    profiled device's fitted step_s, which the engine's replaces), no request latency or output
+    delay, every speed 1."""
+    config = runs[0].sim_config()
+    framework = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file).framework
+    shared = {"step_ms": framework.get("step_s", 0.0) * 1e3, "request_ms": 0.0, "output_delay_steps": 0.0}
+    return np.array([*(shared.get(name, 1.0) for name in SHARED), *(1.0,) * (len(DEVICE) * len(devices))])
+
+
 def _bounds(devices: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, lower, upper) of the parameter vector for these devices."""
     bounds = [*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices)]
@@ -137,7 +151,7 @@ class _Objective:
     """The fit's residuals over some runs (log errors of their FIT_METRICS, each run simulated at
     its fit scale), remembered per parameter vector."""
 
-    def __init__(self, base: EngineProfile, runs: Sequence[RealRun], devices: Sequence[str], time_scale: float,
+    def __init__(self, base: EngineProfile, runs: Sequence[MeasuredRun], devices: Sequence[str], time_scale: float,
                  min_s: float, progress: Callable[[str], None] | None = None) -> None:
         self.base, self.runs, self.devices, self.time_scale, self.min_s = base, runs, devices, time_scale, min_s
         self.progress, self.calls, self.seen = progress, 0, {}
@@ -164,7 +178,7 @@ def _solve(objective: _Objective, x0: np.ndarray, lower: np.ndarray, upper: np.n
                          max_nfev=max_steps, loss="soft_l1", f_scale=F_SCALE, x_scale=x_scale)
 
 
-def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float = 0.1,
+def fit_engine(base: EngineProfile, runs: Sequence[MeasuredRun], time_scale: float = 0.1,
                max_evaluations: int = 40, progress: Callable[[str], None] | None = None,
                min_s: float = MIN_FIT_S, x0: np.ndarray | None = None) -> tuple[
                    EngineProfile, np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
@@ -176,7 +190,9 @@ def fit_engine(base: EngineProfile, runs: Sequence[RealRun], time_scale: float =
         raise ValueError("no unsaturated run to fit on: every run given was overloaded")
     devices = sorted({r.hardware for r in fitting})
     start, lower, upper = _bounds(devices)
-    x0 = np.clip(start if x0 is None else np.asarray(x0, dtype=float), lower, upper)
+    if x0 is None:
+        x0 = neutral_start(fitting, devices) if base.adds_nothing else start
+    x0 = np.clip(np.asarray(x0, dtype=float), lower, upper)
     objective = _Objective(base, fitting, devices, time_scale, min_s, progress)
     if max_evaluations <= 0:  # no fit: theta is x0 (a fitted profile's own, for its cross-validation)
         result = type("Fixed", (), {"x": x0, "fun": objective(x0)})
@@ -198,7 +214,7 @@ def robust_cost(resid: np.ndarray) -> float:
     return float(np.sum(2 * F_SCALE ** 2 * (np.sqrt(1 + (resid / F_SCALE) ** 2) - 1)))
 
 
-def refit_without(base: EngineProfile, fitting: Sequence[RealRun], devices: Sequence[str], theta: np.ndarray,
+def refit_without(base: EngineProfile, fitting: Sequence[MeasuredRun], devices: Sequence[str], theta: np.ndarray,
                   jac: np.ndarray, resid: np.ndarray, owner: np.ndarray, held: Sequence[int], time_scale: float,
                   min_s: float, steps: Sequence[float] = REFIT_STEPS) -> tuple[np.ndarray, bool]:
     """The fit redone without the held-out runs, from the full fit theta: the Gauss-Newton step on
@@ -239,7 +255,7 @@ def _fold(task) -> tuple[np.ndarray, bool, list[Replayed]]:
     return theta_out, changed, [predict(profile, fitting[i], time_scale) for i in members]
 
 
-def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale: float = 0.1,
+def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_scale: float = 0.1,
                    time_scale: float = 1.0, max_evaluations: int = 40,
                    progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S,
                    x0: np.ndarray | None = None, workers: int = 1) -> FitResult:
@@ -272,15 +288,16 @@ def cross_validate(base: EngineProfile, runs: Sequence[RealRun], fit_time_scale:
     families: dict[str, list[int]] = {}
     for i, run in enumerate(fitting):
         families.setdefault(run.family, []).append(i)
-    lomo = held_out(families, "leave one model out")
+    # With one model, holding it out leaves nothing to fit on: there is no leave-one-model-out.
+    lomo = held_out(families, "leave one model out") if len(families) > 1 else {}
     in_sample = [predict(fitted_profile, r, time_scale) for r in runs]
-    loo_all, lomo_all = [loo[i] for i in range(len(runs))], [lomo[i] for i in range(len(runs))]
+    loo_all, lomo_all = [loo[i] for i in range(len(runs))], [lomo[i] for i in sorted(lomo)]
     residuals = {m: [-x for rep in loo_all if not rep.run.saturated for x in log_residuals(rep, (m,))]
                  for m in METRICS}
-    errors = {"leave_one_run_out": {**summary_errors(loo_all), "refits_moved": moved.get("leave one run out", 0)},
-              "leave_one_model_out": {**summary_errors(lomo_all),
-                                      "refits_moved": moved.get("leave one model out", 0)},
-              "in_sample": summary_errors(in_sample)}
+    errors = {"leave_one_run_out": {**summary_errors(loo_all), "refits_moved": moved.get("leave one run out", 0)}}
+    if lomo:
+        errors["leave_one_model_out"] = {**summary_errors(lomo_all), "refits_moved": moved.get("leave one model out", 0)}
+    errors["in_sample"] = summary_errors(in_sample)
     latency = [r for r in runs if not r.saturated]
     fitted_on = (f"{len(latency)} unsaturated real runs ({', '.join(devices)}; "
                  f"{', '.join(sorted({r.family for r in latency}))}) and the TPOT of "

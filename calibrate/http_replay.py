@@ -88,6 +88,15 @@ def first_model(models: dict | None, url: str) -> str:
     return str(data[0]["id"])
 
 
+def reported_deployment(models: dict | None, model: str) -> dict:
+    """The deployment servecast's server reports in the card of `model` (calibrate/deployment.py);
+    {} from a server that reports none."""
+    for card in (models or {}).get("data") or []:
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("deployment"), dict):
+            return dict(card["deployment"])
+    return {}
+
+
 def completion_payload(model: str, prompt: list[int] | str, output_tokens: int) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens,
             "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from simulator.catalog.models import MODELS_DIR
+from simulator.fleet.sim_config import SimConfig
+from simulator.workload.load import load_workload
+from simulator.workload.requests import Workload
 
 # What the tables' cells name, in milliseconds (TPOT: the derived one, see vllm-runs.md caveat 1).
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "tpot")
@@ -29,6 +33,8 @@ _COLUMNS = {"e2e_mean": "e2e mean", "e2e_p90": "e2e p90", "e2e_p99": "e2e p99", 
 _TPOT_COLUMNS = ("derived tpot", "tpot mean", "tpot")
 # A measured TTFT mean above this is a run the server could not keep up with (queues of minutes).
 SATURATED_TTFT_MS = 10_000.0
+# The campaign's fixed server flags (../shared/reference/vllm-runs.md, Protocol).
+MAX_NUM_SEQS, BLOCK_SIZE, MAX_MODEL_LEN = 128, 16, 4096
 
 
 class RunsError(ValueError):
@@ -80,7 +86,47 @@ class RealRun:
     @property
     def family(self) -> str:
         """The model's catalog id, for leave-one-model-out."""
-        return Path(self.model).stem if self.model.endswith(".json") else self.model
+        return model_family(self.model)
+
+    # -- what a measured run offers the fit (calibrate/run_replay.py MeasuredRun) ----------------
+    @property
+    def duration_s(self) -> float:
+        return sum(seconds for _, seconds in self.preset.stages)
+
+    def sim_config(self) -> SimConfig:
+        return SimConfig(model=self.model, hardware=self.hardware, tp=self.tp, quant=self.quant,
+                         max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=MAX_NUM_SEQS,
+                         block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
+                         gpu_memory_utilization=self.gpu_memory_utilization)
+
+    def workload(self, time_scale: float = 1.0) -> Workload:
+        return load_workload(self.spec(time_scale))
+
+    def figures(self, summary) -> dict[str, float]:
+        """METRICS of a simulation's summary in ms, TPOT derived as the runs file derives it:
+        (E2E mean - TTFT mean) / (measured output mean - 1)."""
+        figures = summary_figures(summary)
+        figures["tpot"] = (figures["e2e_mean"] - figures["ttft_mean"]) / max(self.output_mean - 1.0, 1.0)
+        return figures
+
+
+def model_family(model: str) -> str:
+    """A model's name for leave-one-model-out: its catalog id, or its config file's stem."""
+    name = Path(model)
+    if name.name == "config.json":
+        return name.parent.name
+    return name.stem if model.endswith(".json") else model
+
+
+def summary_figures(summary) -> dict[str, float]:
+    """The E2E and TTFT METRICS of a summary (a simulation's or a replay's), in ms."""
+    return {f"{metric}_{stat}": milliseconds(summary[f"{metric}_s"][stat])
+            for metric in ("e2e", "ttft") for stat in ("mean", "p90", "p99")}
+
+
+def milliseconds(seconds: float | None) -> float:
+    """A summary's time in ms; nan where it has none (JSON null)."""
+    return math.nan if seconds is None else seconds * 1e3
 
 
 # -- table parsing ------------------------------------------------------------------------------

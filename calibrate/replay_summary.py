@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -49,20 +49,24 @@ class ReplayInfo:
     url: str
     model: str
     trace: str  # the --trace spec, loaded with seed and rate_scale
-    seed: int  # the workload's and the prompts' token ids'
+    seed: int  # the workload's (lengths, arrivals)
     rate_scale: float
     max_concurrency: int | None
     tokenizer: str | None  # text prompts through this tokenizer folder; None: token ids
     vocab_size: int  # token ids drawn from [0, vocab_size)
     started_at: str  # ISO 8601, UTC
     server: dict | None  # what GET {url}/models returned
+    # The server as the simulator sees it (calibrate/deployment.py: SimConfig fields), as far as it
+    # was reported or stated; what `servecast calibrate --runs` simulates the replay on.
+    deployment: dict | None = None
+    prompt_seed: int | None = None  # the prompts' token ids' (None: seed, as replays before it drew them)
 
     @classmethod
     def from_dict(cls, section: dict) -> "ReplayInfo":
-        missing = [f.name for f in fields(cls) if f.name not in section]
+        missing = [f.name for f in fields(cls) if f.name not in section and f.default is MISSING]
         if missing:
             raise ValueError(f"the replay section lacks {', '.join(missing)}")
-        return cls(**{f.name: section[f.name] for f in fields(cls)})
+        return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
 
 
 class ChunkGaps:

@@ -1,24 +1,54 @@
-"""Replaying real runs (calibrate/real_runs.py) through the simulator: each run's workload and
-server flags as a SimConfig, and the simulated figures beside the measured ones. No torch."""
+"""Replaying measured runs through the simulator: each run's workload and server as a SimConfig,
+and the simulated figures beside the measured ones. No torch.
+
+A measured run (MeasuredRun) is a summary of real serving: a row of a runs table
+(calibrate/real_runs.py RealRun) or a replay folder (calibrate/replay_runs.py TraceRun). The fit
+(calibrate/engine_fit.py) reads runs through this interface alone."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
-from calibrate.real_runs import SATURATED_TTFT_MS, RealRun
+from calibrate.real_runs import SATURATED_TTFT_MS
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.workload.load import load_workload
+from simulator.workload.requests import Workload
 
-# The campaign's fixed server flags (../shared/reference/vllm-runs.md, Protocol).
-MAX_NUM_SEQS, BLOCK_SIZE, MAX_MODEL_LEN = 128, 16, 4096
+
+class MeasuredRun(Protocol):
+    id: str
+    hardware: str  # == sim_config().hardware
+    tp: int
+    measured: dict[str, float]  # real_runs.METRICS the run has, ms
+
+    @property
+    def family(self) -> str:  # the model's name, for leave-one-model-out
+        ...
+
+    @property
+    def saturated(self) -> bool:  # the server could not keep up (queues of minutes)
+        ...
+
+    @property
+    def duration_s(self) -> float:  # the workload's span at time scale 1
+        ...
+
+    def sim_config(self) -> SimConfig:  # the server as the simulator sees it
+        ...
+
+    def workload(self, time_scale: float = 1.0) -> Workload:  # what was sent (shortened, where a run can be)
+        ...
+
+    def figures(self, summary) -> dict[str, float]:  # the METRICS of a simulation's summary, as measured
+        ...
 
 
 @dataclass(frozen=True)
 class Replayed:
-    run: RealRun
+    run: MeasuredRun
     predicted: dict[str, float]  # METRICS, ms
 
     @property
@@ -31,24 +61,12 @@ class Replayed:
         return None if measured is None else self.predicted[metric] / measured - 1.0
 
 
-def run_config(run: RealRun) -> SimConfig:
-    return SimConfig(model=run.model, hardware=run.hardware, tp=run.tp, quant=run.quant,
-                     max_num_batched_tokens=run.max_num_batched_tokens, max_num_seqs=MAX_NUM_SEQS,
-                     block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
-                     gpu_memory_utilization=run.gpu_memory_utilization)
-
-
-def replay(run: RealRun, cost_model: CostModel, time_scale: float = 1.0, config: SimConfig | None = None) -> Replayed:
-    """Simulate the run (its stages shortened by time_scale) on cost_model; figures in ms, TPOT
-    derived as the runs file derives it: (E2E mean - TTFT mean) / (measured output mean - 1)."""
-    config = config or run_config(run)
-    result = simulate(config, load_workload(run.spec(time_scale), seed=config.seed), cost_model=cost_model)
-    s = result.summary
-    e2e, ttft = s["e2e_s"], s["ttft_s"]
-    predicted = {"e2e_mean": e2e["mean"], "e2e_p90": e2e["p90"], "e2e_p99": e2e["p99"],
-                 "ttft_mean": ttft["mean"], "ttft_p90": ttft["p90"], "ttft_p99": ttft["p99"]}
-    predicted = {k: v * 1e3 for k, v in predicted.items()}
-    predicted["tpot"] = (predicted["e2e_mean"] - predicted["ttft_mean"]) / max(run.output_mean - 1.0, 1.0)
-    if s["num_finished"] < s["num_requests"]:  # requests that could never run: the run did not keep up
+def replay(run: MeasuredRun, cost_model: CostModel, time_scale: float = 1.0,
+           config: SimConfig | None = None) -> Replayed:
+    """Simulate the run (shortened by time_scale where it can be) on cost_model; figures in ms."""
+    config = config or run.sim_config()
+    summary = simulate(config, run.workload(time_scale), cost_model=cost_model).summary
+    predicted = run.figures(summary)
+    if summary["num_finished"] < summary["num_requests"]:  # requests that could never run: it did not keep up
         predicted = {k: (math.inf if k.startswith("ttft") else v) for k, v in predicted.items()}
     return Replayed(run, predicted)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calibrate.deployment import deployment_config, engine_deployment
 from simulator.cost.profile_format import Profile
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.requests import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
@@ -85,12 +86,9 @@ class ValidationSetup:
     def sim_config(self, folder: Path, profile: str) -> SimConfig:
         # The profile says which catalog device it measured (a GPU profiled as h200, say).
         hardware = Profile.load(profile).hardware
-        quant = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        return SimConfig(model=self.config_path(folder), hardware=hardware, profile=profile, quant=quant,
-                         block_size=self.block_size, num_gpu_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
-                         max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_total_tokens,
-                         enable_prefix_caching=self.enable_prefix_caching,
-                         enable_chunked_prefill=self.enable_chunked_prefill, seed=self.seed)
+        fields = engine_deployment(self.config_path(folder), self.engine_config(), self.num_blocks,
+                                   self.max_total_tokens, hardware)
+        return deployment_config(fields, "validation", profile=profile, seed=self.seed)
 
     def lengths(self, num: int | None = None, seed: int | None = None) -> list[LengthPair]:
         """num (default num_requests) request lengths drawn with seed (default the setup's)."""

@@ -37,6 +37,9 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     max_queued_requests: int | None = None
+    # The server as the simulator sees it (calibrate/deployment.py), in the model card: servecast
+    # replay records it, so the replay can be simulated.
+    deployment: dict | None = None
     created: int = 0
 
 
@@ -110,9 +113,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                            "owned_by": "servecast",
-                                            "max_model_len": state.loop.max_model_len}]}
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "servecast",
+                "max_model_len": state.loop.max_model_len}
+        if state.deployment is not None:
+            card["deployment"] = state.deployment
+        return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -33,6 +33,7 @@ class Generation:
         self.prompt_tokens = prompt_tokens
         self.sent = 0  # characters of stream.text sent
         self.num_tokens = 0
+        self.cached_prompt_tokens = 0  # prompt tokens found in the prefix cache (the latest output's)
         self.finish_reason: str | None = None
 
     @property
@@ -45,6 +46,7 @@ class Generation:
             return Delta("", [], self.finish_reason)
         new = out.output_token_ids[self.num_tokens:]
         self.num_tokens = len(out.output_token_ids)
+        self.cached_prompt_tokens = out.num_cached_prompt_tokens
         self.stream.add(new)
         if out.finished:
             self.stream.flush()
@@ -62,5 +64,8 @@ class Generation:
         return Delta(delta, new, self.finish_reason)
 
     def usage(self) -> dict:
+        """OpenAI's usage, with the prompt tokens served from the prefix cache where vLLM reports them
+        (--enable-prompt-tokens-details)."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.num_tokens,
-                "total_tokens": self.prompt_tokens + self.num_tokens}
+                "total_tokens": self.prompt_tokens + self.num_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_prompt_tokens}}

@@ -49,6 +49,16 @@ def parse_slos(text: str) -> dict[str, float]:
     return slos
 
 
+def check_slos(value: dict[str, float]) -> dict[str, float]:
+    """The SLOs if every key is a known metric and every limit a positive time; ValueError naming the bad one."""
+    for key, limit in value.items():
+        if not _SLO_KEY.match(key):
+            raise ValueError(f"unknown SLO {key!r}: use (ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean), e.g. ttft_p99")
+        if not (limit > 0 and math.isfinite(limit)):
+            raise ValueError(f"SLO {key} must be a positive time in seconds, got {limit}")
+    return value
+
+
 class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -108,12 +118,7 @@ class SimConfig(BaseModel):
     @field_validator("slo")
     @classmethod
     def _check_slo(cls, value: dict[str, float]) -> dict[str, float]:
-        for key, limit in value.items():
-            if not _SLO_KEY.match(key):
-                raise ValueError(f"unknown SLO {key!r}: use (ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean), e.g. ttft_p99")
-            if not (limit > 0 and math.isfinite(limit)):
-                raise ValueError(f"SLO {key} must be a positive time in seconds, got {limit}")
-        return value
+        return check_slos(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "SimConfig":

@@ -124,3 +124,41 @@ def test_compare_refuses_what_is_not_a_summary(tmp_path, content, message) -> No
     good = summary_file(tmp_path / "good.json")
     result = runner.invoke(app, ["compare", good, str(bad)])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_replay_records_the_deployment_and_warms_up_on_prompts_of_its_own(server, tmp_path) -> None:
+    before = len(server.received)
+    result = runner.invoke(app, ["replay", "--url", server.url, "--trace", TRACE, "--model",
+                                 "meta-llama/Llama-3.1-8B-Instruct", "--deployment", "hardware=h100-sxm,tp=2",
+                                 "--warmup", "3", "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    sent = server.received[before:]
+    warm, timed = sent[:3], sent[3:]
+    assert len(timed) == 6 and json.loads(result.stdout)["num_requests"] == 6  # the warm-up is not recorded
+    assert not {tuple(w["prompt"][:4]) for w in warm} & {tuple(t["prompt"][:4]) for t in timed}
+    info = read_replay(tmp_path / "r").info
+    # The model's catalog id from the served name, the rest as stated.
+    assert info.deployment == {"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 2}
+    assert info.prompt_seed is not None
+
+
+def test_each_replay_draws_new_prompts_unless_told_the_seed(server) -> None:
+    def first_prompts(*extra: str) -> list:
+        before = len(server.received)
+        assert runner.invoke(app, ["replay", "--url", server.url, "--trace", TRACE, *extra]).exit_code == 0
+        return sorted(r["prompt"] for r in server.received[before:])  # arrival order at the server varies
+
+    assert first_prompts() != first_prompts()  # no replay hits what an earlier one left in a prefix cache
+    assert first_prompts("--prompt-seed", "7") == first_prompts("--prompt-seed", "7")
+    assert sorted(map(len, first_prompts())) == sorted(map(len, first_prompts()))  # the workload's seed keeps lengths
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--deployment", "tp"], "not key=value"),
+    (["--deployment", "gpus=2"], "unknown field 'gpus'"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--prompt-seed", "-1"], "--prompt-seed"),
+])
+def test_replay_refuses_a_bad_deployment_or_warmup(server, args, message) -> None:
+    result = runner.invoke(app, ["replay", "--url", server.url, "--trace", TRACE, *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

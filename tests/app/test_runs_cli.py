@@ -61,3 +61,45 @@ def test_simulate_refuses_an_unknown_engine() -> None:
     result = runner.invoke(app, ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--engine", "x",
                                  "--trace", "synthetic:num=5,input=10,output=5,rate=1"])
     assert result.exit_code == 2 and "unknown engine" in result.output
+
+
+def test_calibrate_and_validate_take_replay_folders(tmp_path) -> None:
+    from tests.calibrate.test_replay_runs import simulated_replay, trace_at
+
+    for rate in (5, 20, 40):
+        simulated_replay(tmp_path / "replays" / f"rate{rate}", trace_at(rate, num=30))
+    profile = tmp_path / "fitted.json"
+    fit = runner.invoke(app, ["calibrate", "--runs", str(tmp_path / "replays"), "--out", str(profile),
+                              "--evaluations", "20", "--json"])
+    assert fit.exit_code == 0, fit.output
+    out = json.loads(fit.stdout)
+    # On a catalog GPU the fit starts from vLLM's profile (servecast's own only on a profiled device).
+    assert out["engine"] == "vllm-v0.15" and out["errors"]["leave_one_run_out"]["runs"] == 3
+    assert [r["id"] for r in out["runs"]] == ["rate5", "rate20", "rate40"]
+    assert all({"in_sample", "leave_one_run_out", "measured"} <= set(r) for r in out["runs"])
+    assert load_engine(path=profile).residuals["e2e_mean"]
+    checked = runner.invoke(app, ["validate", "--runs", str(tmp_path / "replays" / "rate5"), "--runs",
+                                  str(tmp_path / "replays" / "rate40"), "--engine-file", str(profile), "--json"])
+    assert checked.exit_code == 0, checked.output
+    assert [r["id"] for r in json.loads(checked.stdout)["runs"]] == ["rate5", "rate40"]
+    one = runner.invoke(app, ["calibrate", "--runs", str(tmp_path / "replays" / "rate5"), "--out", str(profile)])
+    assert one.exit_code == 2 and "at least 2" in one.output
+
+
+def test_simulate_replays_what_a_replay_sent(tmp_path) -> None:
+    from tests.calibrate.test_replay_runs import TRUTH, simulated_replay, trace_at
+
+    folder = simulated_replay(tmp_path / "r", trace_at(10, num=20))
+    engine = tmp_path / "truth.json"
+    TRUTH.save(engine)
+    sim = runner.invoke(app, ["simulate", "--replay", str(folder), "--engine-file", str(engine), "--workers", "1",
+                              "--out", str(tmp_path / "sim"), "--json"])
+    assert sim.exit_code == 0, sim.output
+    summary = json.loads(sim.stdout)
+    assert summary["num_requests"] == 20 and summary["model"] == "llama-3.1-8b" and summary["hardware"] == "h100-sxm"
+    compared = json.loads(runner.invoke(app, ["compare", str(tmp_path / "sim"), str(folder), "--json"]).stdout)
+    assert all(abs(m["relative_error"]) < 1e-9 for m in compared["metrics"].values() if m["relative_error"] is not None)
+    flags = runner.invoke(app, ["simulate", "--replay", str(folder), "--tp", "2", "--trace", "x"])
+    assert flags.exit_code == 2 and "drop --trace, --tp" in flags.output
+    neither = runner.invoke(app, ["simulate", "--hardware", "h100-sxm"])
+    assert neither.exit_code == 2 and "give --model, --trace (or --replay DIR" in neither.output

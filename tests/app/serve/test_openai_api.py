@@ -169,3 +169,13 @@ def test_metrics_parse_and_count_the_requests_served(server) -> None:
                  "vllm:time_to_first_token_seconds_count", "vllm:prefix_cache_hits_total",
                  "vllm:prefix_cache_queries_total"):
         assert name in after
+
+
+def test_usage_reports_the_prompt_tokens_found_in_the_prefix_cache(server) -> None:
+    url, state = server
+    prompt = random_prompts([40], seed=23)[0]  # block size 4: ten full blocks
+    first = client(url).completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    again = client(url).completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # The last block is recomputed for the first output token's logits, as vLLM does.
+    assert 32 <= again.usage.prompt_tokens_details.cached_tokens < 40

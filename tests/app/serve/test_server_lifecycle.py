@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from app.serve.tokenizers import ByteTokenizer
+from calibrate.deployment import deployment_config
 from tests.app.serve.helpers import free_port, running_server, wait_for
 
 
@@ -66,12 +67,18 @@ def test_a_full_queue_gets_429_with_retry_after() -> None:
 
 def test_sigterm_lets_the_streams_in_flight_finish() -> None:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-num-seqs", "8"],
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-num-seqs", "8",
+                               "--threads", "1"],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert "OpenAI API at" in server.stderr.readline()
         url = f"http://127.0.0.1:{port}/v1"
         wait_for(lambda: _healthy(url), timeout=60)
+        # The model card says what the simulator needs to replay this server.
+        deployed = httpx.get(url + "/models").json()["data"][0]["deployment"]
+        config = deployment_config(deployed, "served", profile="any.jsonl")
+        assert (config.model, config.hardware, config.max_num_seqs, config.quant) == \
+            ("servecast-demo", "cpu-local", 8, "fp32")
         results: dict[int, list[dict]] = {}
         started = threading.Barrier(4)
 
@@ -112,6 +119,8 @@ def _healthy(url: str) -> bool:
     (["--tokenizer", "."], "tokenizer"),
     (["--port", "0"], "--port"),
     (["--max-queued-requests", "-1"], "--max-queued-requests"),
+    (["--threads", "0"], "--threads"),
+    (["--hardware", "h1000"], "h1000"),
 ])
 def test_bad_command_lines_exit_2_with_one_clear_line(args, message) -> None:
     done = subprocess.run([sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True,
