@@ -35,6 +35,9 @@ def calibrate_command(
     fit_time_scale: float = typer.Option(0.1, help="--runs: shorten every table run's stages this much while fitting"),
     time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit (replays: whole)"),
     workers: int = typer.Option(1, help="--runs: cross-validation folds in this many processes"),
+    refit: str = typer.Option("full", help="--runs: each cross-validation fold fitted afresh on the runs it keeps "
+                              "(full), or one Gauss-Newton step from the full fit (step: cheaper; with as many "
+                              "parameters as the kept runs' figures it keeps the full fit)"),
     evaluations: int = typer.Option(200, help="--runs: most simulations of every run while fitting (it stops "
                                     "sooner once converged)"),
     as_json: bool = typer.Option(False, "--json", help="--runs: print the fit's figures as JSON on stdout, nothing else"),
@@ -48,7 +51,7 @@ def calibrate_command(
         from app.runs_command import calibrate_runs
 
         calibrate_runs(runs, out, engine, hardware, max_num_batched_tokens, fit_time_scale, time_scale, evaluations,
-                       profile, workers, as_json)
+                       profile, workers, as_json, refit)
         return
     from calibrate.fit import PARAMS_OUT, build_params
 

@@ -92,7 +92,7 @@ def validate_runs(runs: list[Path], engine: str | None, engine_file: Path | None
 
 def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: str | None, max_num_batched_tokens: int,
                    fit_time_scale: float, time_scale: float, evaluations: int, device_profile: Path | None = None,
-                   workers: int = 1, as_json: bool = False) -> None:
+                   workers: int = 1, as_json: bool = False, refit: str = "full") -> None:
     """Fit an engine profile on the runs (cross-validated) and write it."""
     from calibrate.engine_fit import cross_validate
 
@@ -103,6 +103,8 @@ def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: st
             raise ValueError(f"--out {out}: give a file in an existing folder, e.g. {out.parent / 'my-engine.json'}")
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
+        if refit not in ("full", "step"):
+            raise ValueError(f"--refit must be full or step, got {refit!r}")
         real = _read(runs, hardware, max_num_batched_tokens, device_profile)
         if len(real) < 2:
             raise ValueError(f"--runs gave {len(real)} run: fitting needs at least 2 (3 or more to cross-validate "
@@ -111,7 +113,8 @@ def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: st
         with progress_bar("{task.description}", transient=True) as progress:
             task = progress.add_task("fitting", total=None)
             result = cross_validate(base, real, fit_time_scale, time_scale, evaluations,
-                                    progress=lambda text: progress.update(task, description=text), workers=workers)
+                                    progress=lambda text: progress.update(task, description=text), workers=workers,
+                                    refit=refit)
     except ValueError as exc:
         fail(str(exc))
     result.profile.save(out)

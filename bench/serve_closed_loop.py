@@ -106,7 +106,7 @@ def main() -> None:
         uncalibrated[folder.name] = errors_of(sim, folder)
     fitted = out / "servecast-http.json"
     fit = json.loads(servecast("calibrate", "--runs", str(out / "replays"), "--profile", str(profile), "--out",
-                               str(fitted), "--evaluations", str(args.evaluations), "--json"))
+                               str(fitted), "--evaluations", str(args.evaluations), "--workers", "2", "--json"))
     header = "  ".join(f"{label:>9s}" for _, label in METRICS)
     print(f"\n(simulated - measured) / measured, %, per replay ({len(replays)} replays of {args.requests} requests)")
     print(f"{'replay':10s} {'engine profile':26s} {header}")

@@ -61,7 +61,7 @@ def main() -> None:
                             progress=lambda text: print("  ..", text, flush=True),
                             min_fit_s=0.0 if args.quick else MIN_FIT_S,
                             x0=theta_of(base, devices) if args.resume or args.cv_only else None,
-                            workers=args.workers)
+                            workers=args.workers, refit="step")  # 21 runs' full refits per fold: too dear
     print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
           f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")
     print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))

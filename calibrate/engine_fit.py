@@ -14,10 +14,11 @@ replays of traces against a server (calibrate/run_replay.py MeasuredRun). A fit 
 adds nothing (servecast's own, on a profiled device) starts from the device's profile as it is
 (neutral_start), a fit of a production engine from values typical of vLLM on an H100.
 
-Cross-validation refits without the held-out runs (refit_without: the robust Gauss-Newton step on
-the kept runs, taken only where their simulated loss falls), then simulates each held-out run at
-its own refitted parameters: leave one run out, and leave one model out (every run of the model
-held out together; none where every run is of one model).
+Cross-validation refits without the held-out runs -- afresh from the same start (refit "full"), or,
+where fits are dear, by one robust Gauss-Newton step from the full fit on the kept runs, taken only
+where their simulated loss falls (refit "step", refit_without: how the shipped vLLM profile was
+judged) -- then simulates each held-out run at its own refitted parameters: leave one run out, and
+leave one model out (every run of the model held out together; none where every run is of one model).
 """
 
 from __future__ import annotations
@@ -140,6 +141,11 @@ def neutral_start(runs: Sequence[MeasuredRun], devices: Sequence[str]) -> np.nda
     return np.array([*(shared.get(name, 1.0) for name in SHARED), *(1.0,) * (len(DEVICE) * len(devices))])
 
 
+def _start(base: EngineProfile, runs: Sequence[MeasuredRun], devices: Sequence[str]) -> np.ndarray:
+    """Where a fit starts unless told: neutral_start for an engine that adds nothing, else SHARED_START."""
+    return neutral_start(runs, devices) if base.adds_nothing else _bounds(devices)[0]
+
+
 def _bounds(devices: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, lower, upper) of the parameter vector for these devices."""
     bounds = [*SHARED_BOUNDS, *DEVICE_BOUNDS * len(devices)]
@@ -190,9 +196,7 @@ def fit_engine(base: EngineProfile, runs: Sequence[MeasuredRun], time_scale: flo
         raise ValueError("no unsaturated run to fit on: every run given was overloaded")
     devices = sorted({r.hardware for r in fitting})
     start, lower, upper = _bounds(devices)
-    if x0 is None:
-        x0 = neutral_start(fitting, devices) if base.adds_nothing else start
-    x0 = np.clip(np.asarray(x0, dtype=float), lower, upper)
+    x0 = np.clip(np.asarray(_start(base, fitting, devices) if x0 is None else x0, dtype=float), lower, upper)
     objective = _Objective(base, fitting, devices, time_scale, min_s, progress)
     if max_evaluations <= 0:  # no fit: theta is x0 (a fitted profile's own, for its cross-validation)
         result = type("Fixed", (), {"x": x0, "fun": objective(x0)})
@@ -247,21 +251,38 @@ def refit_without(base: EngineProfile, fitting: Sequence[MeasuredRun], devices: 
 
 def _fold(task) -> tuple[np.ndarray, bool, list[Replayed]]:
     """One cross-validation fold (a process's unit of work): the refit without the held-out runs
-    and their predictions at it."""
-    base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s, time_scale = task
-    theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale,
-                                       min_fit_s)
-    profile = profile_at(base, devices, theta_out)
+    and their predictions at it. refit "full": fitted afresh on the kept runs alone, from where the
+    full fit started (x0); "step": refit_without, one step from the full fit."""
+    (refit, base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s, time_scale,
+     max_evaluations, x0) = task
+    if refit == "full":
+        kept = [run for i, run in enumerate(fitting) if i not in set(members)]
+        try:
+            profile, *_ = fit_engine(base, kept, fit_time_scale, max_evaluations, None, min_fit_s, x0)
+            theta_out, changed = theta_of(profile, devices), True
+        except ValueError:  # every kept run overloaded: nothing to fit on, the start stands
+            theta_out, changed = _start(base, fitting, devices) if x0 is None else np.asarray(x0), False
+            profile = profile_at(base, devices, theta_out)
+    else:
+        theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members,
+                                           fit_time_scale, min_fit_s)
+        profile = profile_at(base, devices, theta_out)
     return theta_out, changed, [predict(profile, fitting[i], time_scale) for i in members]
 
 
 def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_scale: float = 0.1,
                    time_scale: float = 1.0, max_evaluations: int = 40,
                    progress: Callable[[str], None] | None = None, min_fit_s: float = MIN_FIT_S,
-                   x0: np.ndarray | None = None, workers: int = 1) -> FitResult:
+                   x0: np.ndarray | None = None, workers: int = 1, refit: str = "full") -> FitResult:
     """The fit on every run (from x0, default the starting values), its in-sample predictions, and
     leave-one-run-out and leave-one-model-out predictions (each held-out run simulated at
-    time_scale on its own refit, which starts from the full fit); the folds in `workers` processes."""
+    time_scale on its own refit); the folds in `workers` processes. refit "full": each fold fitted
+    afresh from x0 on the kept runs alone, as the full fit was (a fold's cost is a fit's); "step":
+    one robust Gauss-Newton step from the full fit (refit_without; a fraction of a fit's cost, but
+    where the kept runs are already fitted exactly -- as many parameters as their figures -- it
+    keeps the full fit, which the held-out run helped make)."""
+    if refit not in ("full", "step"):
+        raise ValueError(f"refit must be 'full' or 'step', got {refit!r}")
     fitted_profile, theta, jac, names, resid = fit_engine(base, runs, fit_time_scale, max_evaluations, progress,
                                                           min_fit_s, x0)
     fitting = list(runs)
@@ -272,8 +293,8 @@ def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_sc
 
     def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
         out = {}
-        tasks = [(base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s, time_scale)
-                 for members in groups.values()]
+        tasks = [(refit, base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s,
+                  time_scale, max_evaluations, x0) for members in groups.values()]
         with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
             folds = pool.map(_fold, tasks) if pool is not None else map(_fold, tasks)
             for n, (members, (theta_out, changed, predicted)) in enumerate(zip(groups.values(), folds), 1):

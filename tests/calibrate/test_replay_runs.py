@@ -113,6 +113,7 @@ def test_a_fit_on_replays_finds_what_the_server_adds(tmp_path) -> None:
     for label in ("in_sample", "leave_one_run_out"):
         errors = result.profile.errors[label]
         assert errors["e2e_mean_mdape"] < 3 and errors["ttft_mean_mdape"] < 3 and errors["tpot_mdape"] < 3, label
+    assert result.profile.errors["leave_one_run_out"]["refits_moved"] == 3  # each fold fitted afresh
     assert "leave_one_model_out" not in result.profile.errors and result.leave_one_model_out == []  # one model
     assert 15 < result.profile.request_s * 1e3 < 25
     assert set(result.profile.residuals["e2e_mean"]) and len(result.profile.residuals["tpot"]) == 3
