@@ -84,6 +84,9 @@ def profile_command(
         grid = replace(grid, weight_quant=modes, quant_group_size=quant_group_size, kv_quant=kv_modes)
         if hardware is not None:
             get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a folder: give a profile file, e.g. {out / 'profile.jsonl'}")
+        out.parent.mkdir(parents=True, exist_ok=True)
         profiler = Profiler(config, device=device, dtype=dtype, hardware=hardware, grid=grid, tp=tp)
         with progress_bar("profiling", transient=as_json) as progress:
             task = progress.add_task("profile", total=len(profiler.plan()))

@@ -29,6 +29,7 @@ import torch
 from calibrate.profile_plan import ProfileGrid
 from calibrate.profiler import Profiler
 from engine import EngineConfig, LLMEngine, ModelConfig, SamplingParams
+from engine.dtypes import canonical_dtype
 from simulator.catalog.models import model_config_path
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
@@ -102,7 +103,7 @@ def main() -> None:
                      grid=grid).run(args.profile)
     elif args.profile is None:
         parser.error("--profile is required (a servecast profile of this GPU for the model)")
-    precision = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[args.dtype]
+    precision = canonical_dtype(args.dtype)
     on_cuda = args.device.startswith("cuda")
     costs = CostModel.load(args.hardware, profile=args.profile)
     device_name = torch.cuda.get_device_name(0) if on_cuda else "CPU"

@@ -97,20 +97,19 @@ def test_predict_bad_input(args, message) -> None:
 
 
 def test_profile_then_predict_with_it(tmp_path) -> None:
-    out = tmp_path / "cpu.jsonl"
+    out = tmp_path / "new" / "cpu.jsonl"  # its folder is made
     result = runner.invoke(app, ["profile", "--quick", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["measurements"] > 0
-    config = tmp_path / "config.json"
-    from app.demo import DEMO_MODEL
-
-    config.write_text(json.dumps(DEMO_MODEL))
-    result = runner.invoke(app, ["predict", "--hardware", "cpu-local", "--profile", str(out), "--model", str(config),
-                                 "--tokens", "8", "--dtype", "fp32", "--json"])
+    # The demo model is in the catalog, so the simulator names it as the engine serves it.
+    result = runner.invoke(app, ["predict", "--hardware", "cpu-local", "--profile", str(out), "--model",
+                                 "servecast-demo", "--tokens", "8", "--dtype", "fp32", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["operators"]["qkv_proj"]["provenance"] in ("measured", "interpolated")
     bad = runner.invoke(app, ["profile", "--quick", "--out", str(out), "--dtype", "bfloat16"])
     assert bad.exit_code == 2 and "choose another --out" in bad.stderr
+    folder = runner.invoke(app, ["profile", "--quick", "--out", str(tmp_path)])
+    assert folder.exit_code == 2 and "is a folder" in folder.stderr
 
 
 def test_calibrate_refits_into_a_given_file(tmp_path) -> None:
