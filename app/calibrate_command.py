@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from app.common import fail, progress_bar
+from app.runs_command import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
 
 DEFAULT_OUT = Path("efficiency.json")
 
@@ -21,16 +22,11 @@ def calibrate_command(
                                        "--runs: the engine profile to write"),
     update_catalog: bool = typer.Option(False, "--update-catalog", help="write the refit into the installed "
                                         "simulator/catalog/efficiency.json instead, which every simulation reads"),
-    runs: Optional[List[Path]] = typer.Option(None, help="instead: fit an engine profile on measured runs -- replay "
-                                              "folders (servecast replay --out), folders of them, or markdown/CSV "
-                                              "tables of runs (the shape of ../shared/reference/vllm-runs.md); "
-                                              "repeat --runs for more"),
-    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to start from (default: servecast's "
-                                         "own for replays of servecast serve on a profiled device, else vllm-v0.15)"),
+    runs: Optional[List[Path]] = typer.Option(None, help=f"instead: fit an engine profile on measured runs: {RUNS_HELP}"),
+    engine: Optional[str] = typer.Option(None, help=f"--runs: the engine profile to start from {ENGINE_DEFAULT}"),
     profile: Optional[Path] = typer.Option(None, help="--runs: the servecast profile of a profiled device (cpu-local) "
                                            "that replays ran on, as simulate takes it"),
-    hardware: Optional[str] = typer.Option(None, help="--runs: the device of runs that name none (a table without a "
-                                           "Hardware column: default h100-sxm)"),
+    hardware: Optional[str] = typer.Option(None, help=HARDWARE_HELP),
     max_num_batched_tokens: int = typer.Option(2048, help="--runs: of runs whose table has no mbt column"),
     fit_time_scale: float = typer.Option(0.1, help="--runs: shorten every table run's stages this much while fitting"),
     time_scale: float = typer.Option(1.0, help="--runs: ... and this much when judging the fit (replays: whole)"),

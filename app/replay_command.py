@@ -21,15 +21,19 @@ from app.common import console, dumps, fail, progress_bar, wide_console
 
 def deployment_of(stated: str, server: dict | None, model: str) -> dict | None:
     """The replayed server as the simulator sees it: what the server reported (servecast's does),
-    overridden by --deployment; the model's catalog id from the served name where neither gave one."""
+    overridden by --deployment; the model's catalog id from the served name (or the weights its
+    card names) where neither gave one."""
     from calibrate.deployment import parse_deployment
     from calibrate.http_replay import reported_deployment
     from calibrate.real_runs import RunsError, catalog_model
 
     deployment = {**reported_deployment(server, model), **parse_deployment(stated)}
-    if "model" not in deployment:
-        with contextlib.suppress(RunsError):
-            deployment["model"] = catalog_model(model)
+    # vLLM's card names the weights it serves (root) where the served name is an alias.
+    roots = [c.get("root") for c in (server or {}).get("data") or [] if isinstance(c, dict) and c.get("id") == model]
+    for name in [model, *(r for r in roots if isinstance(r, str))]:
+        if "model" not in deployment:
+            with contextlib.suppress(RunsError):
+                deployment["model"] = catalog_model(name)
     return deployment or None
 
 

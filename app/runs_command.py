@@ -13,6 +13,12 @@ from rich.table import Table
 
 from app.common import dumps, fail, progress_bar, wide_console
 
+# What --runs takes, and the defaults of runs that leave things out (validate and calibrate alike).
+RUNS_HELP = ("replay folders (servecast replay --out), folders of them, or markdown/CSV tables of runs (the shape "
+             "of ../shared/reference/vllm-runs.md); repeat --runs for more")
+HARDWARE_HELP = "--runs: the device of runs that name none (a table without a Hardware column: default h100-sxm)"
+ENGINE_DEFAULT = "(default: servecast's own for replays on a profiled device, else vllm-v0.15)"
+
 
 def _read(runs: list[Path], hardware: str | None, max_num_batched_tokens: int, profile: Path | None):
     from calibrate.replay_runs import read_run_sources

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.common import dumps, fail, progress_bar, wide_console
+from app.runs_command import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
 
 
 def validation_report(path: Path, results, info: dict, table) -> None:
@@ -78,15 +79,11 @@ def validate_command(
                                                "calibration's average speed)"),
     as_json: bool = typer.Option(False, "--json", help="print the error table as JSON on stdout"),
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
-    runs: Optional[List[Path]] = typer.Option(None, help="instead: measured runs to replay through the simulator -- "
-                                              "replay folders (servecast replay --out), folders of them, or markdown/"
-                                              "CSV tables of runs (the shape of ../shared/reference/vllm-runs.md); "
-                                              "repeat --runs for more (--profile: a profiled device's profile)"),
-    engine: Optional[str] = typer.Option(None, help="--runs: the engine profile to predict with (default: servecast's "
-                                         "own for replays on a profiled device, else vllm-v0.15)"),
+    runs: Optional[List[Path]] = typer.Option(None, help="instead: measured runs to replay through the simulator "
+                                              f"(--profile: a profiled device's profile): {RUNS_HELP}"),
+    engine: Optional[str] = typer.Option(None, help=f"--runs: the engine profile to predict with {ENGINE_DEFAULT}"),
     engine_file: Optional[Path] = typer.Option(None, help="--runs: an engine profile file instead"),
-    hardware: Optional[str] = typer.Option(None, help="--runs: the device of runs that name none (a table without a "
-                                           "Hardware column: default h100-sxm)"),
+    hardware: Optional[str] = typer.Option(None, help=HARDWARE_HELP),
     time_scale: float = typer.Option(1.0, help="--runs: shorten every stage this much (1: as run)"),
 ) -> None:
     """Replay one workload through the real engine and the simulator at three loads; print the errors.

@@ -162,3 +162,13 @@ def test_each_replay_draws_new_prompts_unless_told_the_seed(server) -> None:
 def test_replay_refuses_a_bad_deployment_or_warmup(server, args, message) -> None:
     result = runner.invoke(app, ["replay", "--url", server.url, "--trace", TRACE, *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_the_deployment_names_the_catalog_model_of_the_weights_a_card_serves() -> None:
+    from app.replay_command import deployment_of
+
+    card = {"data": [{"id": "chat", "root": "meta-llama/Llama-3.1-8B-Instruct", "max_model_len": 4096}]}
+    assert deployment_of("hardware=h100-sxm", card, "chat") == {"hardware": "h100-sxm", "model": "llama-3.1-8b"}
+    assert deployment_of("", {"data": [{"id": "chat"}]}, "chat") is None  # nothing known: nothing recorded
+    reported = {"data": [{"id": "demo", "deployment": {"model": "servecast-demo", "hardware": "cpu-local", "tp": 1}}]}
+    assert deployment_of("tp=2", reported, "demo") == {"model": "servecast-demo", "hardware": "cpu-local", "tp": 2}
