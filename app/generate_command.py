@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from app import engine_flags as flags
 from app.common import fail, progress_bar, wide_console
 
 
@@ -32,18 +33,12 @@ def generate_command(
     lengths: Optional[Path] = typer.Option(None, help="CSV of prompt_tokens,output_tokens (default: bundled ShareGPT sample)"),
     length_scale: float = typer.Option(1 / 8, help="multiply trace lengths by this (fit a CPU / small model)"),
     max_total_tokens: int = typer.Option(512, help="cap prompt+output per request"),
-    block_size: int = typer.Option(16),
-    num_blocks: Optional[int] = typer.Option(None, help="KV pool size in blocks (default: a byte budget)"),
-    max_num_seqs: int = typer.Option(64),
-    max_num_batched_tokens: int = typer.Option(512),
-    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
-    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option("float32"),
-    tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each; gloo on CPU, NCCL on GPUs)"),
-    quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
-    quant_group_size: int = typer.Option(128, help="int4 group size (32, 64, 128 or 256)"),
-    kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
+    block_size: int = flags.BLOCK_SIZE, num_blocks: Optional[int] = flags.NUM_BLOCKS,
+    max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
+    prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP,
+    quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
+    kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write summary.json and requests.csv here"),
@@ -52,19 +47,16 @@ def generate_command(
     from app.demo import DemoWorkload, demo_requests
     from app.engine_source import build_engine
     from app.report import request_rows, summarize
-    from engine import EngineConfig
     from engine.replay import replay
     from simulator.workload.requests import BUNDLED_LENGTHS
 
     rate_per_s = parse_rate(rate)
     try:
         workload = DemoWorkload(num_requests, rate_per_s, length_scale, max_total_tokens, seed)
-        config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
-                              enable_chunked_prefill=chunked_prefill, device=device, dtype=dtype, seed=seed,
-                              max_model_len=max_total_tokens if model is None else None, tensor_parallel_size=tp,
-                              quantization=quantization, quant_group_size=quant_group_size,
-                              kv_cache_dtype=kv_cache_dtype)
+        config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
+                                     chunked_prefill, device, dtype, tp, quantization, quant_group_size,
+                                     kv_cache_dtype, seed=seed,
+                                     max_model_len=max_total_tokens if model is None else None)
         engine, _ = build_engine(model, config, seed)
         requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
         with progress_bar("serving", transient=as_json) as progress:

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from app import engine_flags as flags
 from app.common import fail
 
 
@@ -25,18 +26,13 @@ def serve_command(
     max_queued_requests: Optional[int] = typer.Option(None, help="requests waiting beyond this get 429 with "
                                                                  "Retry-After (default: no limit)"),
     grace_period: float = typer.Option(30.0, help="on SIGTERM, seconds to let requests in flight finish"),
-    block_size: int = typer.Option(16),
-    num_blocks: Optional[int] = typer.Option(None, help="KV pool size in blocks (default: a byte budget)"),
-    max_num_seqs: int = typer.Option(64),
-    max_num_batched_tokens: int = typer.Option(512),
+    block_size: int = flags.BLOCK_SIZE, num_blocks: Optional[int] = flags.NUM_BLOCKS,
+    max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
     max_model_len: Optional[int] = typer.Option(None, help="default: the model's context, 1024 for demo"),
-    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
-    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option("float32"),
-    tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each)"),
-    quantization: Optional[str] = typer.Option(None, help="weight-only quantization: int8, int4 or fp8"),
-    kv_cache_dtype: Optional[str] = typer.Option(None, help="KV cache stored as int8 or fp8"),
+    prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP,
+    quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
+    kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0, help="the random weights' seed, and sampling's without a request seed"),
     threads: Optional[int] = typer.Option(None, help="torch's CPU threads in the engine process (default: torch's "
                                           "choice); profile with the same --threads to simulate this server"),
@@ -53,7 +49,6 @@ def serve_command(
     from app.serve.metrics import ServerMetrics
     from app.serve.tokenizers import load_tokenizer
     from calibrate.deployment import engine_deployment
-    from engine import EngineConfig
     from simulator.catalog.hardware import get_accelerator
 
     if max_queued_requests is not None and max_queued_requests < 0:
@@ -68,11 +63,9 @@ def serve_command(
         text = load_tokenizer(tokenizer)
         if hardware is not None:
             get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
-        config = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                              enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
-                              device=device, dtype=dtype, seed=seed, tensor_parallel_size=tp,
-                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+        config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
+                                     chunked_prefill, device, dtype, tp, quantization, quant_group_size,
+                                     kv_cache_dtype, max_model_len=max_model_len, seed=seed)
         client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
     except ValueError as exc:
         fail(str(exc))
