@@ -158,6 +158,7 @@ def replay_command(
     in the schema of servecast simulate's summary."""
     from calibrate.http_replay import records_frame, replay
     from calibrate.replay_summary import REQUESTS_FILE, SUMMARY_FILE, ReplayInfo, summarize
+    from simulator.workload.load import portable_spec
 
     if not request_timeout > 0:
         fail(f"--request-timeout must be a positive number of seconds, got {request_timeout}")
@@ -168,7 +169,7 @@ def replay_command(
                         deployment, warmup)
     except ValueError as exc:
         fail(str(exc))
-    info = ReplayInfo(url=ready.url, model=ready.model, trace=trace, seed=seed, rate_scale=rate_scale,
+    info = ReplayInfo(url=ready.url, model=ready.model, trace=portable_spec(trace), seed=seed, rate_scale=rate_scale,
                       max_concurrency=max_concurrency, tokenizer=str(tokenizer) if tokenizer else None,
                       vocab_size=ready.vocab_size, started_at=datetime.now(timezone.utc).isoformat(),
                       server=ready.server, deployment=ready.deployment, prompt_seed=prompt_seed)

@@ -90,3 +90,26 @@ def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> W
     workload = workload.scaled(opts.number("rate_scale", 1.0) * rate_scale)
     opts.check_all_used(known)
     return workload
+
+
+def portable_spec(spec: str) -> str:
+    """The spec with the files it names (a trace file, lengths=FILE) as absolute paths, so that it
+    reads the same from another folder (a replay's recorded trace, read again by calibrate)."""
+    text = str(spec).strip()
+    synthetic = text.startswith(SYNTHETIC)
+    parts = split_spec(text[len(SYNTHETIC):] if synthetic else text)
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if Path(path).is_file() else path
+
+    out = []
+    for i, part in enumerate(parts):
+        key, sep, value = part.partition("=")
+        if i == 0 and not synthetic:
+            out.append(absolute(part))
+        elif sep and key.strip() == "lengths":
+            out.append(f"{key}={absolute(value.strip())}")
+        else:
+            out.append(part)
+    return (SYNTHETIC if synthetic else "") + ",".join(out)
+

@@ -165,3 +165,16 @@ def test_skipped_rows_of_a_length_only_file_are_listed(tmp_path) -> None:
         load_workload(f + ",rate=5")
     w = load_workload(f + ",rate=5,skip_bad=1")
     assert len(w) == 2 and w.skipped == ["lengths.csv:3: num_prefill_tokens must be a whole number, got 'x'"]
+
+
+def test_a_portable_spec_names_its_files_absolutely(tmp_path, monkeypatch) -> None:
+    from simulator.workload.load import portable_spec
+
+    (tmp_path / "t.csv").write_text("prompt_tokens,output_tokens\n10,5\n20,6\n")
+    monkeypatch.chdir(tmp_path)
+    assert portable_spec("t.csv,rate=2,num=4") == f"{tmp_path / 't.csv'},rate=2,num=4"
+    spec = portable_spec("synthetic:num=4,lengths=t.csv,arrival=gamma,cv=2,rate=1")
+    assert spec == f"synthetic:num=4,lengths={tmp_path / 't.csv'},arrival=gamma,cv=2,rate=1"
+    assert portable_spec("missing.csv,rate=2") == "missing.csv,rate=2"  # left for load_workload to refuse
+    monkeypatch.chdir("/")
+    assert len(load_workload(spec)) == 4
