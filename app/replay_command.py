@@ -53,12 +53,18 @@ class Prepared:
     deployment: dict | None
 
 
-def warmup_workload(workload, count: int):
-    """The first `count` requests' shapes, all at once, without shared segments: they warm the
-    server (allocations, caches, lazy set-up) and leave nothing the replay's prompts could hit."""
-    from simulator.workload.requests import make_workload
+# Warm-up requests' ids start here: their prompts' ids (drawn per request id) are then no replay's.
+WARMUP_IDS = 2**40
 
-    return make_workload("warm-up", [(0.0, r.prompt_tokens, r.output_tokens, ()) for r in workload.requests[:count]])
+
+def warmup_workload(workload, count: int):
+    """The first `count` requests' shapes, all at once, without shared segments and with ids of their
+    own: they warm the server (allocations, caches, lazy set-up) and leave nothing in its prefix
+    cache that this replay's prompts, or a later replay's under any prompt seed, could hit."""
+    from simulator.workload.requests import Request, Workload
+
+    return Workload("warm-up", [Request(WARMUP_IDS + r.request_id, 0.0, r.prompt_tokens, r.output_tokens)
+                                for r in workload.requests[:count]])
 
 
 def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path], vocab_size: Optional[int],
@@ -94,8 +100,7 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
         vocab_size = vocab_size or 256
         make = lambda w, s: token_prompts(w, vocab_size, s)  # noqa: E731
     warm = warmup_workload(workload, warmup)
-    # The warm-up's ids are drawn under another seed: the replay's own prompts never hit them.
-    return Prepared(url, model, server, workload, make(workload, prompt_seed), warm, make(warm, prompt_seed + 1),
+    return Prepared(url, model, server, workload, make(workload, prompt_seed), warm, make(warm, prompt_seed),
                     vocab_size, slos, deployment_of(deployment, server, model))
 
 

@@ -67,12 +67,12 @@ def serve_command(
                                      chunked_prefill, device, dtype, tp, quantization, quant_group_size,
                                      kv_cache_dtype, max_model_len=max_model_len, seed=seed)
         client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
+        facts = client.facts
+        # What the simulator needs to replay this server: GET /v1/models reports it (servecast replay records it).
+        deployment = engine_deployment(sim_model(model), config, facts.cache_config.num_blocks, client.max_model_len,
+                                       hardware)
     except ValueError as exc:
         fail(str(exc))
-    facts = client.facts
-    # What the simulator needs to replay this server: GET /v1/models reports it (servecast replay records it).
-    deployment = engine_deployment(sim_model(model), config, facts.cache_config.num_blocks, client.max_model_len,
-                                   hardware)
     print(f"servecast serve: {facts.described}, {facts.cache_config.num_blocks} KV blocks of {block_size}, "
           f"max_model_len {client.max_model_len}, tokenizer {text.name}; "
           f"OpenAI API at http://{host}:{port}/v1 as {name!r}", file=sys.stderr, flush=True)

@@ -105,8 +105,9 @@ def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile
                          + ", ".join(f"--{name.replace('_', '-')}" for name in given))
     replayed = read_replay(folder)
     targets = replayed.summary.get("slo", {}).get("targets") or {}
-    optional = {"engine_file": engine_file, "hardware_file": hardware_file}
-    config = replay_config(replayed, hardware, str(profile) if profile else None, slo=slo or targets, engine=engine,
+    # --hardware and --profile, where given, stand in for the recorded ones: the replay on another device.
+    optional = {"engine_file": engine_file, "hardware_file": hardware_file, "hardware": hardware, "profile": profile}
+    config = replay_config(replayed, slo=slo or targets, engine=engine,
                            **{k: str(v) for k, v in optional.items() if v is not None})
     return config, replayed.info.trace, replayed.info.rate_scale
 
@@ -119,8 +120,9 @@ def simulate_command(
     trace: Optional[str] = typer.Option(None, help="trace file (Azure/Vidur CSV, Mooncake JSONL, lengths CSV,rate=R) "
                                         "or synthetic:num=N,input=I,output=O,rate=R"),
     replay: Optional[Path] = typer.Option(None, help="instead of --model/--trace and the fleet flags: simulate what a "
-                                          "replay folder (servecast replay --out) sent, on the server it recorded; "
-                                          "then servecast compare the two summaries"),
+                                          "replay folder (servecast replay --out) sent, on the server it recorded "
+                                          "(--hardware / --profile: on another device); then servecast compare the "
+                                          "two summaries"),
     tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
     quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
     kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),

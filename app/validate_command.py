@@ -84,7 +84,8 @@ def validate_command(
     engine: Optional[str] = typer.Option(None, help=f"--runs: the engine profile to predict with {ENGINE_DEFAULT}"),
     engine_file: Optional[Path] = typer.Option(None, help="--runs: an engine profile file instead"),
     hardware: Optional[str] = typer.Option(None, help=HARDWARE_HELP),
-    time_scale: float = typer.Option(1.0, help="--runs: shorten every stage this much (1: as run)"),
+    time_scale: float = typer.Option(1.0, help="--runs: shorten every table run's stages this much (1: as run; "
+                                     "replays: whole)"),
 ) -> None:
     """Replay one workload through the real engine and the simulator at three loads; print the errors.
     With --runs: replay measured serving runs through the simulator instead."""

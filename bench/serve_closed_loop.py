@@ -121,9 +121,12 @@ def main() -> None:
             cells = [cell(run[key][k] / run["measured"][k] - 1.0) if k in run["measured"] else cell(None)
                      for k in (keys.get(path) for path, _ in METRICS)]
             print(f"{run['id']:10s} {label:26s} " + "  ".join(f"{c:>9s}" for c in cells))
-    median = lambda path: sorted(abs(e[path]) for e in uncalibrated.values())[len(uncalibrated) // 2]  # noqa: E731
-    print(f"\nmedian absolute errors, %: uncalibrated E2E {100 * median('e2e_s.mean'):.2f}, TTFT "
-          f"{100 * median('ttft_s.mean'):.2f}, TPOT {100 * median('tpot_s.mean'):.2f}; " + "; ".join(
+    def median(path: str) -> str:
+        errors = sorted(abs(e[path]) for e in uncalibrated.values() if e[path] is not None)
+        return f"{100 * errors[len(errors) // 2]:.2f}" if errors else "-"
+
+    print(f"\nmedian absolute errors, %: uncalibrated E2E {median('e2e_s.mean')}, TTFT {median('ttft_s.mean')}, "
+          f"TPOT {median('tpot_s.mean')}; " + "; ".join(
         f"{label} E2E {e.get('e2e_mean_mdape')}, TTFT {e.get('ttft_mean_mdape')}, TPOT {e.get('tpot_mdape')}"
         for label, e in fit["errors"].items()))
     print("fitted: " + ", ".join(f"{k} {v:.3g}" for k, v in fit["parameters"].items()))

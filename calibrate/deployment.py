@@ -9,6 +9,8 @@ key=value,...` states them (parse_deployment), and they override what a server r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import ValidationError
 
 from engine.dtypes import canonical_dtype
@@ -17,6 +19,8 @@ from simulator.fleet.sim_config import SimConfig
 # SimConfig fields a deployment may not set: the workload's (slo, seed) and what calibration fits.
 NOT_DEPLOYMENT = frozenset({"slo", "seed", "timeseries_interval_s", "engine", "engine_file"})
 DEPLOYMENT_FIELDS = tuple(name for name in SimConfig.model_fields if name not in NOT_DEPLOYMENT)
+# Fields that may name a file (model: a config.json, where it is not a catalog id).
+FILE_FIELDS = ("model", "profile", "hardware_file", "acceptance_file", "draft_model", "draft_profile")
 
 
 def engine_deployment(model: str, config, num_blocks: int, max_model_len: int, hardware: str | None = None) -> dict:
@@ -50,6 +54,9 @@ def parse_deployment(text: str) -> dict:
             raise ValueError(f"--deployment: unknown field {key!r}; use SimConfig's fields: "
                              f"{', '.join(DEPLOYMENT_FIELDS)}")
         fields[key] = value.strip()
+    for key in FILE_FIELDS:  # recorded as absolute paths: read the same from any folder
+        if key in fields and Path(fields[key]).exists():
+            fields[key] = str(Path(fields[key]).resolve())
     probe = {"model": "llama-3.1-8b", "hardware": "h100-sxm", **fields}
     try:
         typed = SimConfig(**probe)

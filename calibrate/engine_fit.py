@@ -257,12 +257,14 @@ def _fold(task) -> tuple[np.ndarray, bool, list[Replayed]]:
      max_evaluations, x0) = task
     if refit == "full":
         kept = [run for i, run in enumerate(fitting) if i not in set(members)]
-        try:
-            profile, *_ = fit_engine(base, kept, fit_time_scale, max_evaluations, None, min_fit_s, x0)
-            theta_out, changed = theta_of(profile, devices), True
-        except ValueError:  # every kept run overloaded: nothing to fit on, the start stands
+        if all(run.saturated for run in kept):  # nothing to fit on: the start stands
             theta_out, changed = _start(base, fitting, devices) if x0 is None else np.asarray(x0), False
             profile = profile_at(base, devices, theta_out)
+        else:
+            kept_devices = sorted({run.hardware for run in kept})
+            start = None if x0 is None else theta_of(profile_at(base, devices, x0), kept_devices)
+            profile, *_ = fit_engine(base, kept, fit_time_scale, max_evaluations, None, min_fit_s, start)
+            theta_out, changed = theta_of(profile, devices), True
     else:
         theta_out, changed = refit_without(base, fitting, devices, theta, jac, resid, owner, members,
                                            fit_time_scale, min_fit_s)
@@ -291,7 +293,7 @@ def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_sc
 
     moved: dict[str, int] = {}
 
-    def held_out(groups: dict[str, list[int]], label: str) -> dict[int, Replayed]:
+    def held_out(groups: dict, label: str) -> dict[int, Replayed]:
         out = {}
         tasks = [(refit, base, fitting, devices, theta, jac, resid, owner, members, fit_time_scale, min_fit_s,
                   time_scale, max_evaluations, x0) for members in groups.values()]
@@ -305,7 +307,7 @@ def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_sc
                              + ", ".join(f"{k}={v:.3g}" for k, v in zip(names, theta_out)))
         return out
 
-    loo = held_out({fitting[i].id: [i] for i in range(len(fitting))}, "leave one run out")
+    loo = held_out({i: [i] for i in range(len(fitting))}, "leave one run out")
     families: dict[str, list[int]] = {}
     for i, run in enumerate(fitting):
         families.setdefault(run.family, []).append(i)

@@ -199,7 +199,8 @@ def catalog_model(name: str) -> str:
         return "-".join(w for w in words if w not in ("instruct", "hf", "base", "fp8", "dynamic", "v0.1"))
     wanted = normal(name)
     for path in sorted(MODELS_DIR.glob("*.json")):
-        if normal(json.loads(path.read_text()).get("_hf_id", "")) == wanted:
+        hf_id = json.loads(path.read_text()).get("_hf_id")
+        if wanted and hf_id and normal(hf_id) == wanted:  # entries without an HF id (the demo) match nothing
             return path.stem
     raise RunsError(f"model {name!r} is not in the catalog: name a catalog id or a config.json path")
 

@@ -71,19 +71,19 @@ class TraceRun:
         return {**summary_figures(summary), "tpot": milliseconds(summary["tpot_s"]["mean"])}
 
 
-def replay_config(replayed: ReplayRun, hardware: str | None = None, profile: str | None = None,
+def replay_config(replayed: ReplayRun, default_hardware: str | None = None, default_profile: str | None = None,
                   **extra) -> SimConfig:
     """The SimConfig of the server a replay ran against (its deployment, its workload's seed; extra:
-    more fields, e.g. slo); hardware: the device of a replay whose deployment names none; profile:
-    the servecast profile of the device where the deployment gives none (needed for a profiled
-    device such as cpu-local). RunsError naming the folder and the fix."""
+    more fields, e.g. slo, overriding the recorded ones); default_hardware: the device of a replay
+    whose deployment names none; default_profile: the servecast profile of the device where the
+    deployment gives none (needed for a profiled device such as cpu-local). RunsError naming the folder and the fix."""
     where = str(replayed.folder)
     fields = dict(replayed.info.deployment or {})
-    if "hardware" not in fields and hardware is not None:
-        fields["hardware"] = hardware
-    extra = {"seed": replayed.info.seed, **extra}
-    if "profile" not in fields and profile is not None:
-        extra["profile"] = profile
+    if "hardware" not in fields and default_hardware is not None:
+        fields["hardware"] = default_hardware
+    if "profile" not in fields and default_profile is not None:
+        fields["profile"] = default_profile
+    extra = {"seed": replayed.info.seed, **extra}  # extra's fields override the recorded ones
     try:
         config = deployment_config(fields, where, **extra)
         if config.accelerator().profiled and config.profile is None:
@@ -106,6 +106,11 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
         reason = next(iter(summary.get("rejections") or {"?": 0}))
         raise RunsError(f"{where}: {summary['num_rejected']} of {summary['num_requests']} requests failed ({reason}): "
                         "calibrate on replays the server served whole (a lower rate, a longer --request-timeout)")
+    short = (summary.get("replay") or {}).get("short_outputs") or 0
+    if short:
+        raise RunsError(f"{where}: {short} requests got fewer tokens than the trace asked (the server ignored "
+                        "min_tokens / ignore_eos): the simulator would generate them all; replay against a server "
+                        "that forces output lengths")
     config = replay_config(replayed, hardware, profile)
     try:
         workload = load_workload(info.trace, seed=info.seed, rate_scale=info.rate_scale)
@@ -155,5 +160,11 @@ def read_run_sources(paths: list[Path], hardware: str | None = None, max_num_bat
     seen: dict[str, int] = {}
     for _, run in runs:
         seen[run.id] = seen.get(run.id, 0) + 1
-    return [run if seen[run.id] == 1 else replace(run, id=f"{source.parent.name if source.is_dir() else source.stem}/"
-                                                          f"{run.id}") for source, run in runs]
+    named = [run if seen[run.id] == 1 else replace(run, id=f"{source.parent.name if source.is_dir() else source.stem}/"
+                                                             f"{run.id}") for source, run in runs]
+    counts: dict[str, int] = {}
+    unique = []
+    for run in named:  # still repeated (the same folder twice, or alike paths): numbered
+        counts[run.id] = counts.get(run.id, 0) + 1
+        unique.append(run if counts[run.id] == 1 else replace(run, id=f"{run.id}#{counts[run.id]}"))
+    return unique

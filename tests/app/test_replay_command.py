@@ -172,3 +172,15 @@ def test_the_deployment_names_the_catalog_model_of_the_weights_a_card_serves() -
     assert deployment_of("", {"data": [{"id": "chat"}]}, "chat") is None  # nothing known: nothing recorded
     reported = {"data": [{"id": "demo", "deployment": {"model": "servecast-demo", "hardware": "cpu-local", "tp": 1}}]}
     assert deployment_of("tp=2", reported, "demo") == {"model": "servecast-demo", "hardware": "cpu-local", "tp": 2}
+
+
+def test_a_warm_up_leaves_nothing_a_later_replay_could_hit(server) -> None:
+    def prompts(*extra: str) -> set:
+        before = len(server.received)
+        assert runner.invoke(app, ["replay", "--url", server.url, "--trace", TRACE, *extra]).exit_code == 0
+        return {tuple(r["prompt"]) for r in server.received[before:]}
+
+    warmed = prompts("--prompt-seed", "1", "--warmup", "3")
+    for seed in ("1", "2"):
+        assert not prompts("--prompt-seed", seed) & (warmed - prompts("--prompt-seed", "1"))
+

@@ -52,3 +52,10 @@ def test_a_deployment_without_its_hardware_says_how_to_add_it() -> None:
         deployment_config({"model": "llama-3.1-8b"}, "runs/a")
     with pytest.raises(ValueError, match="runs/a: tp: "):
         deployment_config({"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 0}, "runs/a")
+
+
+def test_files_a_stated_deployment_names_are_recorded_absolutely(tmp_path, monkeypatch) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    fields = parse_deployment("model=config.json,hardware=h100-sxm")
+    assert fields["model"] == str(tmp_path / "config.json") and fields["hardware"] == "h100-sxm"

@@ -63,6 +63,8 @@ def test_catalog_model_names() -> None:
     assert catalog_model("RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic") == "llama-4-scout"
     assert catalog_model("mistralai/Mistral-Nemo-Instruct-2407") == "mistral-nemo"
     assert catalog_model("codellama/CodeLlama-34b-Instruct-hf") == "codellama-34b"
+    with pytest.raises(RunsError, match="not in the catalog"):  # all of it dropped as a suffix: nothing to match
+        catalog_model("Instruct")
 
 
 @pytest.mark.skipif(not RUNS_FILE.is_file(), reason="../shared/reference is not beside the checkout")

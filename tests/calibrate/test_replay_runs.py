@@ -38,11 +38,12 @@ def simulated_replay(folder: Path, trace: str, **info) -> Path:
     cost_model = CostModel.load(config.hardware)
     cost_model.use_engine(TRUTH, config.max_num_seqs, config.max_num_batched_tokens)
     result = simulate(config, load_workload(trace), cost_model=cost_model)
+    checks = {"short_outputs": info.pop("short_outputs", 0)}
     replay = ReplayInfo(**{"url": "http://127.0.0.1:1/v1", "model": "served", "trace": trace, "seed": 0,
                            "rate_scale": 1.0, "max_concurrency": None, "tokenizer": None, "vocab_size": 256,
                            "started_at": "", "server": None, "deployment": DEPLOYMENT, **info})
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(dumps({**result.summary.to_dict(), "replay": asdict(replay)}))
+    (folder / "summary.json").write_text(dumps({**result.summary.to_dict(), "replay": {**asdict(replay), **checks}}))
     result.requests.to_parquet(folder / "requests.parquet")
     return folder
 
@@ -65,6 +66,8 @@ def test_a_replay_folder_reads_as_a_run_of_its_deployment(tmp_path) -> None:
     simulated_replay(tmp_path / "more" / "r10", trace_at(10))
     runs = read_run_sources([table, tmp_path / "replays", tmp_path / "more" / "r10"])
     assert [r.id for r in runs] == ["a", "b", "replays/r10", "more/r10"]
+    twice = read_run_sources([folder, folder])  # still alike after that: numbered
+    assert [r.id for r in twice] == ["replays/r10", "replays/r10#2"]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -81,6 +84,12 @@ def test_a_replay_that_cannot_be_simulated_as_measured_names_the_fix(tmp_path, c
     summary["replay"].update(change)
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(RunsError, match=message):
+        read_run_sources([folder])
+
+
+def test_short_outputs_are_refused(tmp_path) -> None:
+    folder = simulated_replay(tmp_path / "r", trace_at(10), short_outputs=3)
+    with pytest.raises(RunsError, match="3 requests got fewer tokens than the trace asked"):
         read_run_sources([folder])
 
 
