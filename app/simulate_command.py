@@ -89,7 +89,7 @@ FROM_REPLAY = ("model", "trace", "tp", "pp", "replicas", "quant", "kv_dtype", "a
                "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
                "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
                "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile",
-               "expert_parallel", "routing_skew")
+               "expert_parallel", "routing_skew", "kv_offload_gb")
 
 
 def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile: Path | None,
@@ -150,6 +150,8 @@ def simulate_command(
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank "
                                          "with all-to-all, instead of a slice of every expert"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
+    kv_offload_gb: float = typer.Option(0.0, help="GB of host memory per replica for a CPU tier of the prefix "
+                                        "cache: evicted blocks move there and load back over the host link on a hit"),
     engine: Optional[str] = typer.Option(None, help="serving engine whose overheads the step times carry: vllm-v0.15 "
                                          "(the default on catalog GPUs) or servecast (this project's engine; the "
                                          "default on profiled devices)"),
@@ -182,7 +184,8 @@ def simulate_command(
                                speculative=speculative, num_speculative_tokens=num_speculative_tokens,
                                acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
                                draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
-                               expert_parallel=expert_parallel, routing_skew=routing_skew, engine=engine,
+                               expert_parallel=expert_parallel, routing_skew=routing_skew,
+                               kv_offload_gb=kv_offload_gb, engine=engine,
                                engine_file=str(engine_file) if engine_file else None)
         config.engine_profile()  # an unknown engine is bad input
         if workers < 1:

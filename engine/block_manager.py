@@ -10,8 +10,9 @@ before it (its block id and that block's allocation generation). The chained has
 only the lookup key; a hit is accepted only when tokens and parent identity match exactly, so a
 hash collision can cost a cache miss but never a wrong reuse.
 
-Hooks: where a block's key comes from (_lookup_keys, _new_keys) and how a sequence's blocks are
-registered and released (_register_blocks, _release_blocks) are small methods; allocation, the
+Hooks: where a block's key comes from (_lookup_keys, _new_keys), how a sequence's blocks are
+registered and released (_register_blocks, _release_blocks) and what becomes of an evicted entry
+(_evicted) are small methods; allocation, the
 lookup's rule, the eviction order and the free pool are decided here alone. The simulator's pool
 (simulator/fleet/block_pool.py) overrides only the hooks, so it makes this pool's decisions.
 """
@@ -297,6 +298,7 @@ class BlockManager:
                 entry = cached.pop(key, None)
                 if entry is not None and by_hash.get(entry[0]) == key:  # entry[0]: its key
                     del by_hash[entry[0]]
+                    self._evicted(entry)
                 count -= 1
             elif len(run) <= count:  # a run (_release_run): no registrations to evict
                 del back[key]
@@ -310,6 +312,10 @@ class BlockManager:
                 del run[-count:]
                 count = 0
         return taken
+
+    def _evicted(self, entry: _CachedBlock) -> None:
+        """A registered block's entry was evicted (its block handed out anew). A hook: this pool
+        forgets it; a pool with a host-memory tier keeps it there (simulator/fleet/host_tier.py)."""
 
     def _remove_free(self, block_id: int) -> None:
         """Take a free block that a prefix hit revives out of the free pool (a registered block:

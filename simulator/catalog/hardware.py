@@ -26,6 +26,7 @@ class Accelerator(BaseModel):
     peak_tflops: dict[str, float | None] = Field(default_factory=dict)
     interconnect_gbps: float | None = Field(default=None, gt=0)
     link: Literal["nvlink", "pcie"] | None = None  # how the node's GPUs reach each other (hardware.yaml)
+    host_link_gbps: float | None = Field(default=None, gt=0)  # each GPU's link to host memory, one direction
     power_w: float | None = Field(default=None, gt=0)
     price_per_hour_usd: float | None = Field(default=None, ge=0)
     price_source: str | None = None

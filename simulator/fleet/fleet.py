@@ -3,6 +3,7 @@ every replica of a run shares (FleetSetup) and what simulating them leaves (Flee
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from collections.abc import Callable
@@ -14,10 +15,11 @@ import simpy
 from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
 from simulator.catalog.models import ModelSpec
-from simulator.cost.memory import MemoryPlan
+from simulator.cost.memory import GB, MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer, TimeSplit
 from simulator.fleet.block_pool import ExactKeyBlockPool
+from simulator.fleet.host_tier import HOST_LINK_EFFICIENCY, HostTierPool
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.replica import ArrivalClock, Replica
 from simulator.fleet.router import Router
@@ -51,6 +53,7 @@ class FleetRecord:
     busy_s: float  # summed over the replicas
     speculation: list[dict]  # per replica with speculative decoding: its counts (Speculation.counts)
     replicas: list[int]  # the replicas simulated (global indices)
+    offload: dict[str, float] | None = None  # with a host KV tier: its counts, summed (host_tier_counts)
 
     @classmethod
     def merged(cls, records: list["FleetRecord"]) -> "FleetRecord":
@@ -62,8 +65,11 @@ class FleetRecord:
         for r in records:
             recorder.merge(r.recorder)
             split.merge(r.split)
+        offload = None
+        if records[0].offload is not None:
+            offload = {k: sum(r.offload[k] for r in records) for k in records[0].offload}
         return cls(recorder, split, sum(r.busy_s for r in records), [s for r in records for s in r.speculation],
-                   [i for r in records for i in r.replicas])
+                   [i for r in records for i in r.replicas], offload)
 
 
 def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
@@ -87,11 +93,17 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
     block_keys = BlockKeys(config.block_size) if exact_keys else None
 
+    pool_class = ExactKeyBlockPool
+    if config.kv_offload_gb:
+        if not exact_keys:
+            raise ValueError("kv_offload_gb needs the simulator's exact block keys (exact_block_keys=True)")
+        pool_class = host_tier_pool(config, plan, fleet.cost_model)
+
     def make_scheduler():
         if config.scheduler == "static":
             return StaticBatchScheduler(scheduler_config, cache_config)
         if exact_keys:
-            return Scheduler(scheduler_config, cache_config, block_manager_class=ExactKeyBlockPool)
+            return Scheduler(scheduler_config, cache_config, block_manager_class=pool_class)
         return Scheduler(scheduler_config, cache_config)
 
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
@@ -138,10 +150,31 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
                                     "never scheduled: the replica could not fit it alongside its other requests")
     recorder.flush_gaps()  # binned here, where they were simulated: the record sent back stays small
     record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
-                         [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices)
+                         [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices,
+                         host_tier_counts(replicas) if config.kv_offload_gb else None)
     for replica in replicas:
         replica.release()
     return record
+
+
+def host_tier_pool(config: SimConfig, plan: MemoryPlan, cost_model: CostModel):
+    """The block pool class of a replica's virtual engines with the config's host tier: its
+    kv_offload_gb shared by the pp engines, each block's bytes on one GPU over its host link."""
+    per_block_gpu = plan.kv_bytes_per_token * config.block_size  # one GPU's share of a block
+    per_block_replica = per_block_gpu * config.tp * config.pp
+    host_blocks = int(config.kv_offload_gb * GB // per_block_replica) // config.pp
+    if host_blocks < 1:
+        raise ValueError(f"kv_offload_gb={config.kv_offload_gb:g} holds no {per_block_replica / 1e6:.1f} MB KV block "
+                         "of this model: give more host memory, or none")
+    link = cost_model.accelerator.host_link_gbps * 1e9 * HOST_LINK_EFFICIENCY
+    return functools.partial(HostTierPool, host_blocks=host_blocks, load_s_per_block=per_block_gpu / link)
+
+
+def host_tier_counts(replicas: list[Replica]) -> dict[str, float]:
+    """Blocks offloaded to and loaded from the host tiers of these replicas, and the load time."""
+    pools = [e.scheduler.block_manager for r in replicas for e in r.engines]
+    return {"offloaded_blocks": sum(p.offloaded_blocks for p in pools),
+            "loaded_blocks": sum(p.loaded_blocks for p in pools), "load_s": sum(r.load_s for r in replicas)}
 
 
 @contextmanager

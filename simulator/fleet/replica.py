@@ -34,6 +34,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from simulator.fleet import steady_decode
 from simulator.fleet.block_pool import KeyedSequence
+from simulator.fleet.host_tier import HostTierPool
 from simulator.workload.block_keys import BlockKeys
 from engine.sequence import Sequence
 from simulator.fleet.metrics import Recorder
@@ -94,6 +95,7 @@ class Replica:
         self.finished_requests = 0
         self.output_tokens = 0
         self.busy_s = 0.0
+        self.load_s = 0.0  # of its steps' busy time, loading KV blocks from a host tier (host_tier.py)
         for engine in self.engines:
             engine.loop = self._run(engine)
             engine.process = env.process(engine.loop)
@@ -145,6 +147,8 @@ class Replica:
     def _run(self, engine: _VirtualEngine):
         env, scheduler, timer = self.env, engine.scheduler, self.timer
         follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
+        # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
+        tier = scheduler.block_manager if isinstance(getattr(scheduler, "block_manager", None), HostTierPool) else None
         cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():
@@ -158,12 +162,21 @@ class Replica:
                 engine.previous_tokens = None
             now = env.now
             while scheduler.has_unfinished():
-                out = scheduler.schedule(now)
+                if tier is None:
+                    out = scheduler.schedule(now)
+                else:
+                    tier.loading = True
+                    out = scheduler.schedule(now)
+                    tier.loading = False
                 if out.is_empty:
                     break  # nothing admissible until something arrives
                 if follows_time:
                     timer.now = now
                 step_s = timer.step(out.chunks) + cold_s
+                if tier is not None:
+                    load_s = tier.take_load_s()
+                    self.load_s += load_s
+                    step_s += load_s
                 cold_s = 0.0
                 if timer.times_shape_changes:
                     tokens = out.num_batched_tokens

@@ -109,6 +109,9 @@ class SimConfig(BaseModel):
     # servecast's own on profiled devices.
     engine: str | None = None
     engine_file: str | None = None
+    # A host-memory tier for the prefix cache (simulator/fleet/host_tier.py): GB of host memory per
+    # replica that evicted prefix blocks move to, loaded back over each GPU's host link on a hit.
+    kv_offload_gb: float = Field(default=0.0, ge=0.0, le=1e6)
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -132,6 +135,10 @@ class SimConfig(BaseModel):
                 raise ValueError("speculative=draft needs draft_model (a catalog id or config.json) for its cost")
             if self.scheduler != "continuous":
                 raise ValueError("speculative decoding runs in the continuous-batching scheduler: use scheduler=continuous")
+        if self.kv_offload_gb and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_gb keeps evicted prefix-cache blocks: it needs enable_prefix_caching")
+        if self.kv_offload_gb and self.scheduler != "continuous":
+            raise ValueError("kv_offload_gb works with the continuous-batching scheduler: use scheduler=continuous")
         if self.max_model_len is not None and self.max_num_batched_tokens < self.max_model_len \
                 and not self.enable_chunked_prefill:
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
@@ -183,6 +190,9 @@ class SimConfig(BaseModel):
         if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:
             raise ValueError(f"{accelerator.id} has no fp8 tensor cores in the catalog: use quant=int8 or int4 "
                              "(weight-only) or an fp8-capable accelerator (h100-sxm, h200, l40s, mi300x, ...)")
+        if self.kv_offload_gb and (accelerator.profiled or accelerator.host_link_gbps is None):
+            raise ValueError(f"kv_offload_gb needs {accelerator.id}'s link to host memory, which the catalog does not "
+                             "give: set host_link_gbps (GB/s, one direction) in a --hardware-file entry")
         draft = self.draft_spec(model)
         if self.num_gpu_blocks is not None:
             blocks = self.num_gpu_blocks

@@ -119,6 +119,9 @@ class RunSummary(Mapping):
     # engine profile's cross-validated residuals on real runs; empty without them.
     intervals: dict[str, list[float]]
     speculation: dict | None
+    # The host KV tier (kv_offload_gb): blocks offloaded and loaded, the share of prompt tokens it
+    # served (within prefix_cache_hit_rate) and its load time; None without one.
+    kv_offload: dict | None
     # Why the run ended before its last request (SloWatch: missing the SLOs was certain); None: it ran out.
     stopped_early: str | None = None
     _json: dict = field(default=None, init=False, repr=False, compare=False)
@@ -209,6 +212,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
                     "profile": config.profile, "engine": cost_model.engine.id if cost_model.engine else None},
         intervals=prediction_intervals(cost_model, {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}),
         speculation=speculation_summary(config, record.speculation),
+        kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
         stopped_early=stopped_early or None)
 
 
@@ -241,3 +245,14 @@ def speculation_summary(config: SimConfig, counts: list[dict]) -> dict | None:
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "mean_accepted_per_verification": accepted / verifications if verifications else 0.0,
             "draft_time_s": sum(c["draft_s"] for c in counts)}
+
+
+def offload_summary(config: SimConfig, plan: MemoryPlan, counts: dict | None, prompt_tokens: int) -> dict | None:
+    if counts is None:
+        return None
+    per_block = plan.kv_bytes_per_token * config.block_size * config.tp * config.pp  # one replica's
+    loaded_tokens = counts["loaded_blocks"] * config.block_size
+    return {"capacity_gb": config.kv_offload_gb, "offloaded_blocks": int(counts["offloaded_blocks"]),
+            "loaded_blocks": int(counts["loaded_blocks"]), "loaded_gb": counts["loaded_blocks"] * per_block / 1e9,
+            "hit_rate": loaded_tokens / prompt_tokens if prompt_tokens else 0.0, "load_s": counts["load_s"]}
+
