@@ -11,6 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app import labels
+
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("queue_s", "queueing delay"))
 
 
@@ -126,7 +128,7 @@ def simulation_report(path: Path, result) -> None:
              f"{s['quant']})")
     figures = [latency_cdfs(result.requests), intervals_figure(s), time_split_figure(s),
                timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
-    write_report(path, title, s.to_dict(), [f for f in figures if f is not None])
+    write_report(path, title, s.to_dict(), [f for f in figures if f is not None], labels.cache_words(s))
 
 
 def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figure:

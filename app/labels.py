@@ -53,3 +53,14 @@ def text(field: str, raw) -> str:
         return fmt.format(int(v) if "d}" in fmt else v)
     except (ValueError, TypeError):
         return str(v)
+
+
+def cache_words(summary) -> str:
+    """The prefix cache in words: its hits, and what a CPU KV tier served and cost."""
+    words = f"Prefix cache: {summary['prefix_cache_hit_rate']:.1%} of prompt tokens were hits"
+    tier = summary["kv_offload"]
+    if tier is not None:
+        words += (f", {tier['hit_rate']:.1%} of prompt tokens from the {tier['capacity_gb']:g} GB CPU KV tier per "
+                  f"replica ({tier['loaded_gb']:,.1f} GB loaded over PCIe in {tier['load_s']:,.2f} s of step time, "
+                  f"{tier['offloaded_blocks']:,} blocks offloaded)")
+    return words + "."

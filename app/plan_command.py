@@ -57,6 +57,8 @@ def plan_command(
     expert_parallel: str = typer.Option("off", "--expert-parallel", help="MoE models: candidate expert "
                                         "placements under TP: off (a slice of every expert), on (whole experts "
                                         "per rank, all-to-all) or off,on"),
+    kv_offload_gb: str = typer.Option("0", help="candidate host-memory tiers for the prefix cache, GB per replica "
+                                      "(0: none), e.g. 0,256: worth it where prompts share long prefixes"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or servecast"),
     engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
@@ -92,8 +94,11 @@ def plan_command(
         placements = parse_list(expert_parallel, str, "--expert-parallel")
         if any(x not in ("off", "on") for x in placements):
             raise ValueError(f"--expert-parallel takes off, on or off,on, got {expert_parallel!r}")
+        tiers = parse_list(kv_offload_gb, float, "--kv-offload-gb")
+        if any(g < 0 for g in tiers):
+            raise ValueError(f"--kv-offload-gb sizes must be 0 or more GB, got {kv_offload_gb!r}")
         candidates = candidate_grid(hardware_ids, parse_list(quant, str, "--quant"), parse_list(tp, int, "--tp"),
-                                    parse_list(pp, int, "--pp"), options, [e == "on" for e in placements])
+                                    parse_list(pp, int, "--pp"), options, [e == "on" for e in placements], tiers)
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
@@ -120,7 +125,7 @@ def plan_command(
         fail(str(exc))
     command = reproduce_command(model=model, trace=trace or plan_defaults.trace(), slo=slo, hardware=",".join(hardware_ids),
                                 quant=quant, tp=tp, pp=pp, speculation=speculation, expert_parallel=expert_parallel,
-                                routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
+                                kv_offload_gb=kv_offload_gb, routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
                                 max_replicas=max_replicas, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())
     if out is not None:

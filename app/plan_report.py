@@ -45,7 +45,8 @@ def fleet_words(row: dict) -> str:
     c = row
     extra = [f"TP {c['tp']}"] + ([f"PP {c['pp']}"] if c.get("pp", 1) > 1 else []) + \
         (["EP"] if c.get("expert_parallel") else []) + \
-        ([f"{c['speculative']} speculation x{c['num_speculative_tokens']}"] if c.get("speculative") else [])
+        ([f"{c['speculative']} speculation x{c['num_speculative_tokens']}"] if c.get("speculative") else []) + \
+        ([f"{c['kv_offload_gb']:g} GB CPU KV tier"] if c.get("kv_offload_gb") else [])
     return f"{c['replicas']} x {c['hardware']} ({c['quant']}, {', '.join(extra)})"
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from app import labels
 from app.common import console, dumps, fail, progress_bar, validation_message, wide_console
 
 
@@ -69,6 +70,8 @@ def print_summary(summary: dict) -> None:
     out.print(f"KV cache: mean {summary['kv_utilization']['mean']:.0%}, max {summary['kv_utilization']['max']:.0%} | "
               f"preemptions {summary['preemptions']} | prefix-cache hit rate {summary['prefix_cache_hit_rate']:.1%} | "
               f"MFU {u['mfu']:.1%}, MBU {u['mbu']:.1%}, busy {u['busy_fraction']:.0%}")
+    if summary["kv_offload"] is not None:
+        out.print(labels.cache_words(summary))
     if c["usd_per_hour"] is not None:
         per_m = c["usd_per_million_output_tokens"]
         out.print(f"cost: ${c['usd_per_hour']:.2f}/hour, {c['gpu_hours']:.2f} GPU-hours, "

@@ -34,6 +34,11 @@ def main() -> None:
         values = {f"Fleet {name}": r.summary[group][key] for name, r in results.items()}
         rows.append({"Figure": label,
                      **{n: MISSING if v is None else fmt.format(v * scale) for n, v in values.items()}})
+    rows.append({"Figure": "Prefix-cache hits (% of prompt tokens)",
+                 **{f"Fleet {n}": f"{r.summary['prefix_cache_hit_rate']:.1%}" for n, r in results.items()}})
+    rows.append({"Figure": "... of them from the CPU KV tier",
+                 **{f"Fleet {n}": MISSING if r.summary["kv_offload"] is None else
+                    f"{r.summary['kv_offload']['hit_rate']:.1%}" for n, r in results.items()}})
     table = pd.DataFrame(rows)
     st.dataframe(table, hide_index=True)
     fig = go.Figure()

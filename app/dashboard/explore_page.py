@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app.common import dumps
-from app import html_report
+from app import html_report, labels
 from app.dashboard.widgets import fleet_input, simulate_fleet, trace_input
 
 
@@ -26,6 +26,7 @@ def main() -> None:
     c4.metric("E2E p99", f"{s['e2e_s']['p99']:,.2f} s")
     cost = s["cost"]["usd_per_million_output_tokens"]
     c5.metric("$ / M output tokens", "-" if cost is None else f"${cost:,.2f}")
+    st.caption(labels.cache_words(s))
     intervals = html_report.intervals_figure(s)
     if intervals is not None:
         st.plotly_chart(intervals, key="intervals")

@@ -19,6 +19,7 @@ from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto
 from simulator.plan.grid import candidate_grid
 
 QUANTS, TPS, GROWTHS = ["bf16", "fp8", "int8", "int4"], [1, 2, 4, 8], [1.0, 2.0, 4.0]
+OFFLOAD_GB = [0, 64, 256, 1024]
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -64,6 +65,9 @@ def main() -> None:
         placements = st.multiselect("Experts under TP (mixture-of-experts models)",
                                     ["sliced (TP)", "whole per rank (EP)"], default=["sliced (TP)"], key="ep",
                                     help="EP: each rank holds whole experts and tokens travel to them (all-to-all)")
+        tiers = st.multiselect("CPU KV tier (GB of host memory per replica)", OFFLOAD_GB, default=[0], key="offload",
+                               help="evicted prefix-cache blocks kept in host memory and loaded back over PCIe: "
+                                    "worth it where prompts share long prefixes (multi-turn chat, agents)")
         growth = st.multiselect("Traffic growth", GROWTHS, default=list(plan_defaults.GROWTH), key="growth")
         slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
                                       key="slo_sensitivity")
@@ -79,7 +83,8 @@ def main() -> None:
             return
         moe = load_model(model).is_moe
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
-        candidates = tuple(candidate_grid(hardware, quant, tp, plan_defaults.PP, expert_parallel=modes))
+        candidates = tuple(candidate_grid(hardware, quant, tp, plan_defaults.PP, expert_parallel=modes,
+                                          kv_offload_gb=[float(g) for g in tiers] or [0.0]))
         if not candidates:
             st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
             return

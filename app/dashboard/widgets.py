@@ -66,7 +66,7 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
 
     d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "replicas": 1, **(defaults or {})}
     gpus, models, engines = priced_gpus(), catalog_model_ids(), engine_ids()
-    c1, c2, c3, c4, c5, c6, c7 = st.columns(7)
+    c1, c2, c3, c4, c5, c6, c7, c8 = st.columns(8)
     return {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
             "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
             "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
@@ -77,7 +77,11 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
                                    help="the serving engine whose overheads the step times carry (vllm-v0.15 is "
                                         "fitted on real vLLM runs and gives 80 % intervals; servecast: kernels alone)"),
             "expert_parallel": c7.checkbox("EP", False, key=f"{key}_ep",
-                                           help="mixture-of-experts models under TP: whole experts per rank")}
+                                           help="mixture-of-experts models under TP: whole experts per rank"),
+            "kv_offload_gb": float(c8.number_input("CPU KV (GB)", 0, 100_000, int(d.get("kv_offload_gb", 0)), step=64,
+                                                   key=f"{key}_offload",
+                                                   help="host memory per replica for evicted prefix-cache blocks, "
+                                                        "loaded back over PCIe on a hit (0: none)"))}
 
 
 SIMULATIONS_KEPT = 32  # answers remembered across sessions, least recently asked dropped first

@@ -42,6 +42,7 @@ class Candidate:
     acceptance: float | None = None
     draft_model: str | None = None
     expert_parallel: bool = False  # MoE models: whole experts per TP rank
+    kv_offload_gb: float = 0.0  # a host-memory tier for the prefix cache, GB per replica
 
     @property
     def label(self) -> str:
@@ -50,7 +51,8 @@ class Candidate:
         spec = f" spec={self.speculative}{draft}x{self.num_speculative_tokens}{accept}" if self.speculative else ""
         pp = f" pp={self.pp}" if self.pp > 1 else ""
         ep = " ep" if self.expert_parallel else ""
-        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}"
+        offload = f" cpu-kv={self.kv_offload_gb:g}GB" if self.kv_offload_gb else ""
+        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}{offload}"
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,13 @@ def test_explore_follows_the_fleet_and_refuses_one_that_cannot_hold_the_model() 
     assert not at.exception and at.error and "weights" in at.error[0].value
 
 
+def test_explore_says_what_a_cpu_kv_tier_served() -> None:
+    at = page("explore_page.py")
+    assert "CPU KV tier" not in at.caption[0].value
+    at.number_input(key="explore_offload").set_value(128).run()
+    assert not at.exception and "prompt tokens from the 128 GB CPU KV tier" in at.caption[0].value
+
+
 def test_compare_puts_two_fleets_side_by_side() -> None:
     at = page("compare_page.py")
     a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("Fleet A", "Fleet B"))

@@ -84,3 +84,15 @@ def test_no_answer_without_simulating_or_without_prices(args, words) -> None:
                                       "bf16", "--workers", "0", *args])
     assert result.exit_code == 3, result.output
     assert words in " ".join(result.stdout.split())
+
+
+def test_plan_weighs_a_cpu_kv_tier() -> None:
+    runner = CliRunner()
+    trace = "synthetic:prefixes=20,users=1,prefix_len=1500,input=100,output=40,num=120,rate=4"
+    result = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "a100-80gb", "--quant", "bf16", "--tp", "1",
+                                 "--kv-offload-gb", "0,256", "--workers", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    labels = [c["candidate"] for c in json.loads(result.stdout)["candidates"]]
+    assert labels == ["a100-80gb bf16 tp=1", "a100-80gb bf16 tp=1 cpu-kv=256GB"]
+    bad = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "a100-80gb", "--kv-offload-gb", "-1"])
+    assert bad.exit_code == 2 and "--kv-offload-gb" in bad.stderr
