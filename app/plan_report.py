@@ -165,6 +165,9 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
                              "accelerator was neither profiled nor fitted on real runs.</p>")
             figures.append((len(parts), cost_latency_figure(rows, document["pareto"][str(g)], slos, g)))
             parts.append("")  # the chart's place
+        tiers = plan_words.tier_words(rows)
+        if tiers:
+            parts.append(f"<p>{esc(tiers)}</p>")
         failed = [r for r in rows if not r["feasible"]]
         if failed:
             parts.append(f"<h3>Deployments that cannot meet them ({len(failed)}), by reason</h3><table><thead><tr>"

@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 
+from app import labels
+
 # SLO metric -> (words, unit, multiplier from seconds)
 SLO_WORDS = {"ttft": ("TTFT", "s", 1.0), "tpot": ("TPOT", "ms", 1e3), "itl": ("ITL", "ms", 1e3),
              "e2e": ("E2E", "s", 1.0), "queue": ("queueing", "s", 1.0)}
@@ -62,10 +64,39 @@ def question(model: str, trace: str, hardware, quant, tp, slos: dict[str, float]
 
 
 def cheapest_first(rows: list[dict]) -> list[dict]:
-    """The fleets that meet the SLOs (plan rows), cheapest first, ties by E2E p99 as the
-    recommendation breaks them; unpriced ones last."""
+    """The fleets that meet the SLOs (plan rows), cheapest first, ties as the recommendation breaks
+    them (the smaller host KV tier, then E2E p99); unpriced ones last."""
     return sorted((r for r in rows if r["feasible"]),
-                  key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r["e2e_p99_s"] or 0.0))
+                  key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r.get("kv_offload_gb") or 0.0,
+                                 r["e2e_p99_s"] or 0.0))
+
+
+def tier_words(rows: list[dict]) -> str | None:
+    """When a host KV tier pays (plan rows of one traffic level): each tier candidate against the
+    same deployment without one. None where no tier was a candidate."""
+    def twin(r: dict) -> tuple:
+        return r["candidate"].rsplit(" cpu-kv=", 1)[0], r["rate_scale"]
+    plain = {twin(r): r for r in rows if not r.get("kv_offload_gb")}
+    saving, same, only = [], [], []
+    for r in rows:
+        base = plain.get(twin(r)) if r.get("kv_offload_gb") else None
+        if base is None or not r["feasible"]:
+            continue
+        if not base["feasible"]:
+            only.append(r["candidate"])
+        elif r["replicas"] < base["replicas"]:
+            fewer = base["replicas"] - r["replicas"]
+            saving.append(f"{r['candidate']} ({fewer} fewer replica{'s' if fewer > 1 else ''}, "
+                          f"{labels.text('usd_per_hour', (base['usd_per_hour'] or 0) - (r['usd_per_hour'] or 0))}/hour)")
+        else:
+            same.append(r["candidate"])
+    if not (saving or same or only):
+        return None
+    parts = ([f"a CPU KV tier saves replicas on {', '.join(saving)}"] if saving else []) + \
+        ([f"only with one do {', '.join(only)} meet the SLOs"] if only else []) + \
+        ([f"it saves none on {', '.join(same)}"] if same else [])
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
 
 
 def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:

@@ -266,6 +266,7 @@ def pareto_front(results: Sequence[CandidateResult]) -> list[CandidateResult]:
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult | None:
-    """The cheapest feasible fleet per hour (then the lower E2E p99)."""
+    """The cheapest feasible fleet per hour (then the smaller host KV tier -- a tier that saves
+    nothing is not recommended -- then the lower E2E p99)."""
     priced = [r for r in results if r.feasible and r.usd_per_hour is not None]
-    return min(priced, key=lambda r: (r.usd_per_hour, r.e2e_p99_s)) if priced else None
+    return min(priced, key=lambda r: (r.usd_per_hour, r.candidate.kv_offload_gb, r.e2e_p99_s)) if priced else None

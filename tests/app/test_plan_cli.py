@@ -96,3 +96,23 @@ def test_plan_weighs_a_cpu_kv_tier() -> None:
     assert labels == ["a100-80gb bf16 tp=1", "a100-80gb bf16 tp=1 cpu-kv=256GB"]
     bad = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "a100-80gb", "--kv-offload-gb", "-1"])
     assert bad.exit_code == 2 and "--kv-offload-gb" in bad.stderr
+
+
+def test_a_tier_that_saves_nothing_is_not_recommended_and_the_plan_says_where_one_pays() -> None:
+    from app.plan_words import cheapest_first, tier_words
+    from simulator.plan.capacity import Candidate, CandidateResult, recommend
+
+    def result(hardware: str, gb: float, replicas: int | None, e2e: float = 1.0) -> CandidateResult:
+        return CandidateResult(Candidate(hardware, kv_offload_gb=gb), 1.0, replicas is not None,
+                               None if replicas else "misses", replicas, replicas,
+                               None if replicas is None else 2.0 * replicas, e2e_p99_s=e2e)
+
+    same = [result("a100-80gb", 0, 3, e2e=1.2), result("a100-80gb", 256, 3, e2e=1.1)]
+    assert recommend(same).candidate.kv_offload_gb == 0  # equal cost: no tier, though its E2E is lower
+    assert [r["kv_offload_gb"] for r in cheapest_first([r.row() for r in same])] == [0, 256]
+    rows = [r.row() for r in [*same, result("h100-sxm", 0, 4), result("h100-sxm", 256, 2),
+                              result("l40s", 0, None), result("l40s", 256, 5)]]
+    assert tier_words(rows) == ("A CPU KV tier saves replicas on h100-sxm bf16 tp=1 cpu-kv=256GB (2 fewer replicas, "
+                                "$4.00/hour); only with one do l40s bf16 tp=1 cpu-kv=256GB meet the SLOs; it saves "
+                                "none on a100-80gb bf16 tp=1 cpu-kv=256GB.")
+    assert tier_words([r.row() for r in same[:1]]) is None
