@@ -93,8 +93,8 @@ def tier_words(rows: list[dict]) -> str | None:
     if not (saving or same or only):
         return None
     parts = ([f"a CPU KV tier saves replicas on {', '.join(saving)}"] if saving else []) + \
-        ([f"only with one do {', '.join(only)} meet the SLOs"] if only else []) + \
-        ([f"it saves none on {', '.join(same)}"] if same else [])
+        ([f"only with a CPU KV tier do {', '.join(only)} meet the SLOs"] if only else []) + \
+        ([f"a CPU KV tier saves no replica on {', '.join(same)}"] if same else [])
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + "."
 

@@ -113,6 +113,6 @@ def test_a_tier_that_saves_nothing_is_not_recommended_and_the_plan_says_where_on
     rows = [r.row() for r in [*same, result("h100-sxm", 0, 4), result("h100-sxm", 256, 2),
                               result("l40s", 0, None), result("l40s", 256, 5)]]
     assert tier_words(rows) == ("A CPU KV tier saves replicas on h100-sxm bf16 tp=1 cpu-kv=256GB (2 fewer replicas, "
-                                "$4.00/hour); only with one do l40s bf16 tp=1 cpu-kv=256GB meet the SLOs; it saves "
-                                "none on a100-80gb bf16 tp=1 cpu-kv=256GB.")
+                                "$4.00/hour); only with a CPU KV tier do l40s bf16 tp=1 cpu-kv=256GB meet the SLOs; "
+                                "a CPU KV tier saves no replica on a100-80gb bf16 tp=1 cpu-kv=256GB.")
     assert tier_words([r.row() for r in same[:1]]) is None
