@@ -12,9 +12,9 @@ hash collision can cost a cache miss but never a wrong reuse.
 
 Hooks: where a block's key comes from (_lookup_keys, _new_keys), how a sequence's blocks are
 registered and released (_register_blocks, _release_blocks) and what becomes of an evicted entry
-(_evicted) are small methods; allocation, the
-lookup's rule, the eviction order and the free pool are decided here alone. The simulator's pool
-(simulator/fleet/block_pool.py) overrides only the hooks, so it makes this pool's decisions.
+(_evicted) are small methods; allocation, the lookup's rule, the eviction order and the free pool
+are decided here alone. The simulator's pools (simulator/fleet/block_pool.py, host_tier.py)
+override only the hooks, so they make this pool's decisions.
 """
 
 from __future__ import annotations
@@ -94,11 +94,8 @@ class BlockManager:
 
     # -- prefix cache -------------------------------------------------------------------------
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
-        """Blocks of the prefix cache that hold this sequence's leading full blocks.
-
-        Takes no references. The last token is never served from cache, so at least one token
-        is always computed and there are logits to sample from.
-        """
+        """Blocks of the prefix cache that hold this sequence's leading full blocks. Takes no
+        references. The last token is never served from cache: there are always logits to sample."""
         # Prompt logits need every prompt position computed, so such requests read no cache.
         if not self.enable_prefix_caching or seq.sampling.return_prompt_logits:
             return []
@@ -314,8 +311,7 @@ class BlockManager:
         return taken
 
     def _evicted(self, entry: _CachedBlock) -> None:
-        """A registered block's entry was evicted (its block handed out anew). A hook: this pool
-        forgets it; a pool with a host-memory tier keeps it there (simulator/fleet/host_tier.py)."""
+        """An entry left the pool (its block handed out anew). A hook: a host tier keeps it."""
 
     def _remove_free(self, block_id: int) -> None:
         """Take a free block that a prefix hit revives out of the free pool (a registered block:
@@ -358,10 +354,9 @@ class BlockManager:
         self._num_back += len(back) - to_back
 
     def _release_run(self, block_ids: list[int]) -> None:
-        """Free blocks held once each, by the sequence being freed, that hold no entries, queued for
-        eviction among the registered blocks as if registered: last first, as _release queues them,
-        but as one entry of the back, not one each. A run is only ever taken from at its head: nothing
-        can revive its blocks, having no entries. For the hooks of a pool that defers registrations."""
+        """Free blocks held once each (by the sequence being freed) that hold no entries, queued for
+        eviction as if registered, last first, as one entry of the back; taken only from its head
+        (nothing revives blocks without entries). For a pool's hooks that defer registrations."""
         ref_counts = self.ref_counts
         for block_id in block_ids:
             if ref_counts[block_id] != 1:
@@ -372,9 +367,8 @@ class BlockManager:
         self._num_back += len(block_ids)
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
-        """Release the sequence's tail blocks beyond those num_tokens tokens need (blocks that
-        held only rejected draft tokens). Such blocks lie past every computed token, so they were
-        never registered and nobody else holds them: they are handed out first."""
+        """Release the tail blocks beyond those num_tokens need (rejected drafts'): past every computed
+        token, never registered, held by nobody else, so they are handed out first."""
         keep = self.blocks_needed(num_tokens)
         table = seq.block_table
         while len(table) > keep:
