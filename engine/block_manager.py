@@ -13,7 +13,7 @@ hash collision can cost a cache miss but never a wrong reuse.
 Hooks: where a block's key comes from (_lookup_keys, _new_keys), how a sequence's blocks are
 registered and released (_register_blocks, _release_blocks) and what becomes of an evicted entry
 (_evicted) are small methods; allocation, the lookup's rule, the eviction order and the free pool
-are decided here alone. The simulator's pools (simulator/fleet/block_pool.py, host_tier.py)
+are decided here alone. The simulator's pools (simulator/fleet/block_pool.py, tiered_pool.py)
 override only the hooks, so they make this pool's decisions.
 """
 

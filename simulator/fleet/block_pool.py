@@ -39,6 +39,8 @@ class KeyedSequence(Sequence):
     # The first block whose key no other sequence brings (None: no such promise). The pool defers
     # registering the blocks from there on; None again once the sequence is preempted.
     first_private_block: int | None = None
+    # Its first full prompt blocks whose KV another replica computed and sent (tiered_pool.py).
+    arrived_blocks: int = 0
 
 
 class ExactKeyBlockPool(BlockManager):

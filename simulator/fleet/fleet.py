@@ -19,7 +19,7 @@ from simulator.cost.memory import GB, MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer, TimeSplit
 from simulator.fleet.block_pool import ExactKeyBlockPool
-from simulator.fleet.host_tier import HOST_LINK_EFFICIENCY, HostTierPool
+from simulator.fleet.tiered_pool import HOST_LINK_EFFICIENCY, TieredBlockPool
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.replica import ArrivalClock, Replica
 from simulator.fleet.router import Router
@@ -97,7 +97,7 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     if config.kv_offload_gb:
         if not exact_keys:
             raise ValueError("kv_offload_gb needs the simulator's exact block keys (exact_block_keys=True)")
-        pool_class = host_tier_pool(config, plan, fleet.cost_model)
+        pool_class = tiered_pool_class(config, plan, fleet.cost_model)
 
     def make_scheduler():
         if config.scheduler == "static":
@@ -157,7 +157,7 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     return record
 
 
-def host_tier_pool(config: SimConfig, plan: MemoryPlan, cost_model: CostModel):
+def tiered_pool_class(config: SimConfig, plan: MemoryPlan, cost_model: CostModel):
     """The block pool class of a replica's virtual engines with the config's host tier: its
     kv_offload_gb shared by the pp engines, each block's bytes on one GPU over its host link."""
     per_block_gpu = plan.kv_bytes_per_token * config.block_size  # one GPU's share of a block
@@ -167,7 +167,7 @@ def host_tier_pool(config: SimConfig, plan: MemoryPlan, cost_model: CostModel):
         raise ValueError(f"kv_offload_gb={config.kv_offload_gb:g} holds no {per_block_replica / 1e6:.1f} MB KV block "
                          "of this model: give more host memory, or none")
     link = cost_model.accelerator.host_link_gbps * 1e9 * HOST_LINK_EFFICIENCY
-    return functools.partial(HostTierPool, host_blocks=host_blocks, load_s_per_block=per_block_gpu / link)
+    return functools.partial(TieredBlockPool, host_blocks=host_blocks, load_s_per_block=per_block_gpu / link)
 
 
 def host_tier_counts(replicas: list[Replica]) -> dict[str, float]:

@@ -34,7 +34,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from simulator.fleet import steady_decode
 from simulator.fleet.block_pool import KeyedSequence
-from simulator.fleet.host_tier import HostTierPool
+from simulator.fleet.tiered_pool import TieredBlockPool
 from simulator.workload.block_keys import BlockKeys
 from engine.sequence import Sequence
 from simulator.fleet.metrics import Recorder
@@ -95,7 +95,7 @@ class Replica:
         self.finished_requests = 0
         self.output_tokens = 0
         self.busy_s = 0.0
-        self.load_s = 0.0  # of its steps' busy time, loading KV blocks from a host tier (host_tier.py)
+        self.load_s = 0.0  # of its steps' busy time, loading KV blocks from a host tier (tiered_pool.py)
         for engine in self.engines:
             engine.loop = self._run(engine)
             engine.process = env.process(engine.loop)
@@ -148,7 +148,7 @@ class Replica:
         env, scheduler, timer = self.env, engine.scheduler, self.timer
         follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
         # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
-        tier = scheduler.block_manager if isinstance(getattr(scheduler, "block_manager", None), HostTierPool) else None
+        tier = scheduler.block_manager if isinstance(getattr(scheduler, "block_manager", None), TieredBlockPool) else None
         cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():

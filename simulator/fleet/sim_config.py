@@ -109,7 +109,7 @@ class SimConfig(BaseModel):
     # servecast's own on profiled devices.
     engine: str | None = None
     engine_file: str | None = None
-    # A host-memory tier for the prefix cache (simulator/fleet/host_tier.py): GB of host memory per
+    # A host-memory tier for the prefix cache (simulator/fleet/tiered_pool.py): GB of host memory per
     # replica that evicted prefix blocks move to, loaded back over each GPU's host link on a hit.
     kv_offload_gb: float = Field(default=0.0, ge=0.0, le=1e6)
 

@@ -1,5 +1,5 @@
-"""The host KV tier: the pool keeps evicted prefix blocks in host memory and loads them back (pure
-Python), and simulations with it are what a planner can rely on."""
+"""The tiered pool: a host KV tier keeps evicted prefix blocks and loads them back, an arrived prompt
+needs no prefill (pure Python); and simulations with a tier are what a planner can rely on."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from simulator.fleet.block_pool import KeyedSequence
-from simulator.fleet.host_tier import HOST_BLOCK, HostTierPool
+from simulator.fleet.tiered_pool import ARRIVED_BLOCK, HOST_BLOCK, TieredBlockPool
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
@@ -22,7 +22,7 @@ def keyed(rid: str, keys: list[int], extra_tokens: int = 1) -> KeyedSequence:
 
 
 def test_evicted_prefix_blocks_load_back_from_the_host_tier() -> None:
-    pool = HostTierPool(num_blocks=8, block_size=4, host_blocks=3, load_s_per_block=0.5)
+    pool = TieredBlockPool(num_blocks=8, block_size=4, host_blocks=3, load_s_per_block=0.5)
     first = keyed("a", [1, 2, 3])
     admit(pool, first)
     pool.free(first, finished=True)  # its 3 full blocks stay findable on the GPU, free
@@ -47,7 +47,7 @@ def test_evicted_prefix_blocks_load_back_from_the_host_tier() -> None:
 
 
 def test_the_tier_drops_its_least_recently_used_blocks() -> None:
-    pool = HostTierPool(num_blocks=4, block_size=4, host_blocks=2, load_s_per_block=1.0)
+    pool = TieredBlockPool(num_blocks=4, block_size=4, host_blocks=2, load_s_per_block=1.0)
     for rid, keys in (("a", [1, 2]), ("b", [3, 4]), ("c", [5, 6]), ("d", [7, 8])):  # c evicts a's, d b's
         s = keyed(rid, keys, extra_tokens=0)
         admit(pool, s)
@@ -56,8 +56,21 @@ def test_the_tier_drops_its_least_recently_used_blocks() -> None:
     assert pool.num_host_blocks == 2 and pool.offloaded_blocks == 4
     assert pool.get_computed_blocks(keyed("x", [1, 2])) == []  # a's: dropped
     assert pool.get_computed_blocks(keyed("y", [3, 4])) == [HOST_BLOCK] * 2
-    with pytest.raises(ValueError, match="at least one block"):
-        HostTierPool(num_blocks=4, block_size=4, host_blocks=0, load_s_per_block=1.0)
+    with pytest.raises(ValueError, match="0 or more blocks"):
+        TieredBlockPool(num_blocks=4, block_size=4, host_blocks=-1, load_s_per_block=1.0)
+
+
+def test_an_arrived_prompt_is_counted_computed_without_a_load() -> None:
+    pool = TieredBlockPool(num_blocks=8, block_size=4)  # no tier
+    s = keyed("a", [1, 2, 3])
+    s.arrived_blocks = 3
+    assert pool.get_computed_blocks(s) == []
+    pool.loading = True
+    found = pool.get_computed_blocks(s)
+    assert found == [ARRIVED_BLOCK] * 3 and pool.free_blocks_needed(s, 1, found) == 4
+    assert pool.allocate_slots(s, 1, found) and pool.take_load_s() == 0.0 and pool.loaded_blocks == 0
+    assert len(s.block_table) == 4 and s.num_registered_blocks == 3
+    pool.check_invariants()
 
 
 def conversation(num: int = 300, rate: float = 6.0) -> str:
