@@ -72,10 +72,12 @@ class FleetRecord:
                    [i for r in records for i in r.replicas], offload)
 
 
-def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
-                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
-    """Simulate these replicas of the fleet (their global indices) behind the config's router, on
-    the requests routed among them, in arrival order. on_done(number done) as requests finish."""
+def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder, clock: ArrivalClock,
+                  indices: list[int], timer: StepTimer | None = None, arrivals_elsewhere: bool = False
+                  ) -> tuple[list[Replica], StepTimer]:
+    """The fleet's replicas of these global indices in env (and the step timer they share).
+    arrivals_elsewhere: their requests may bring prompts another replica computed (a disaggregated
+    fleet's decode pool): their pools take them (tiered_pool.py)."""
     config, cost_model, model, plan = fleet.config, fleet.cost_model, fleet.model, fleet.plan
     max_len = config.resolved_max_model_len(model, plan)
     pp = config.pp
@@ -92,17 +94,16 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     exact_keys = fleet.exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
     cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
     block_keys = BlockKeys(config.block_size) if exact_keys else None
-
-    pool_class = ExactKeyBlockPool
-    if config.kv_offload_gb:
-        if not exact_keys:
+    pool_class = ExactKeyBlockPool if exact_keys else None
+    if config.kv_offload_gb or arrivals_elsewhere:
+        if config.kv_offload_gb and not exact_keys:
             raise ValueError("kv_offload_gb needs the simulator's exact block keys (exact_block_keys=True)")
         pool_class = tiered_pool_class(config, plan, fleet.cost_model)
 
     def make_scheduler():
         if config.scheduler == "static":
             return StaticBatchScheduler(scheduler_config, cache_config)
-        if exact_keys:
+        if pool_class is not None:
             return Scheduler(scheduler_config, cache_config, block_manager_class=pool_class)
         return Scheduler(scheduler_config, cache_config)
 
@@ -111,26 +112,40 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
         timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
                           config.block_size, expert_parallel=config.expert_parallel,
                           routing_skew=config.routing_skew)
-    env = simpy.Environment()
-    # The engine sees a request this long after the client sent it (API server, tokenization;
-    # its streamed answer's way back is counted here too): the client's TTFT and E2E include it.
-    ingress_s = cost_model.engine.request_s if cost_model.engine is not None else 0.0
-    clock = ArrivalClock(requests[0].arrival_s + ingress_s)
-    recorder = Recorder()
-    recorder.watch = watch
     speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
     delay = cost_model.engine.output_delay_steps if cost_model.engine is not None else 0.0
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
-                        speculation(i) if speculation else None, block_keys, delay) for i in replica_indices]
+                        speculation(i) if speculation else None, block_keys, delay, keyed=pool_class is not None)
+                for i in indices]
+    return replicas, timer
+
+
+def ingress_s(cost_model: CostModel) -> float:
+    """The engine sees a request this long after the client sent it (API server, tokenization; its
+    streamed answer's way back is counted here too): the client's TTFT and E2E include it."""
+    return cost_model.engine.request_s if cost_model.engine is not None else 0.0
+
+
+def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
+                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
+    """Simulate these replicas of the fleet (their global indices) behind the config's router, on
+    the requests routed among them, in arrival order. on_done(number done) as requests finish."""
+    config = fleet.config
+    env = simpy.Environment()
+    ingress = ingress_s(fleet.cost_model)
+    clock = ArrivalClock(requests[0].arrival_s + ingress)
+    recorder = Recorder()
+    recorder.watch = watch
+    replicas, timer = make_replicas(fleet, env, recorder, clock, replica_indices, timer)
     router = Router(config.router, replicas)
     if on_done is not None:
         recorder.on_progress(on_done, every=max(1, len(requests) // 200))
 
     def arrivals():
         for i, request in enumerate(requests):
-            if request.arrival_s + ingress_s > env.now:
-                yield env.timeout(request.arrival_s + ingress_s - env.now)
-            clock.next_arrival_s = requests[i + 1].arrival_s + ingress_s if i + 1 < len(requests) else math.inf
+            if request.arrival_s + ingress > env.now:
+                yield env.timeout(request.arrival_s + ingress - env.now)
+            clock.next_arrival_s = requests[i + 1].arrival_s + ingress if i + 1 < len(requests) else math.inf
             router.route(request).submit(request)
 
     env.process(arrivals())
@@ -142,15 +157,26 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
     recorder.watch = None
     recorder.on_progress(None)
     if watch is None or watch.decided is None:
-        for replica in replicas:  # anything left could never be scheduled (not merely cut off by a stop)
-            for engine in replica.engines:
-                for seq in engine.sequences.values():
-                    recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens,
-                                    seq.sampling.max_tokens,
-                                    "never scheduled: the replica could not fit it alongside its other requests")
+        reject_stuck(replicas, recorder)
+    return fleet_record(config, recorder, timer, replicas, replica_indices)
+
+
+def reject_stuck(replicas: list[Replica], recorder: Recorder) -> None:
+    """Requests still in the replicas when the run ended could never be scheduled (not merely cut
+    off by a stop): rejected with that reason."""
+    for replica in replicas:
+        for engine in replica.engines:
+            for seq in engine.sequences.values():
+                recorder.reject(seq.request_id, seq.arrival_time, seq.num_prompt_tokens, seq.sampling.max_tokens,
+                                "never scheduled: the replica could not fit it alongside its other requests")
+
+
+def fleet_record(config: SimConfig, recorder: Recorder, timer: StepTimer, replicas: list[Replica],
+                 indices: list[int]) -> FleetRecord:
+    """What the run leaves (the replicas then let go of their pools)."""
     recorder.flush_gaps()  # binned here, where they were simulated: the record sent back stays small
     record = FleetRecord(recorder, timer.split, sum(r.busy_s for r in replicas),
-                         [r.speculation.counts() for r in replicas if r.speculation is not None], replica_indices,
+                         [r.speculation.counts() for r in replicas if r.speculation is not None], indices,
                          host_tier_counts(replicas) if config.kv_offload_gb else None)
     for replica in replicas:
         replica.release()
@@ -158,8 +184,10 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
 
 
 def tiered_pool_class(config: SimConfig, plan: MemoryPlan, cost_model: CostModel):
-    """The block pool class of a replica's virtual engines with the config's host tier: its
-    kv_offload_gb shared by the pp engines, each block's bytes on one GPU over its host link."""
+    """The tiered pool class of a replica's virtual engines (tiered_pool.py): the config's host tier,
+    its kv_offload_gb shared by the pp engines, each block's bytes on one GPU over its host link."""
+    if not config.kv_offload_gb:
+        return TieredBlockPool
     per_block_gpu = plan.kv_bytes_per_token * config.block_size  # one GPU's share of a block
     per_block_replica = per_block_gpu * config.tp * config.pp
     host_blocks = int(config.kv_offload_gb * GB // per_block_replica) // config.pp

@@ -73,7 +73,7 @@ class Replica:
     def __init__(self, env: simpy.Environment, index: int, make_scheduler: Callable[[], object], timer: StepTimer,
                  recorder: Recorder, clock: ArrivalClock, pp: int = 1, sample_every_s: float = math.inf,
                  bulk_decodes: bool = True, speculation: Speculation | None = None,
-                 block_keys: BlockKeys | None = None, output_delay_steps: float = 0.0) -> None:
+                 block_keys: BlockKeys | None = None, output_delay_steps: float = 0.0, keyed: bool = False) -> None:
         self.env, self.index, self.timer, self.recorder, self.clock = env, index, timer, recorder, clock
         # A sampled token reaches the client this many step times after its step ends (the serving
         # engine's output pipeline: EngineProfile.output_delay_steps); the client's first-token and
@@ -83,6 +83,9 @@ class Replica:
         self.output_delay_steps = output_delay_steps
         # Exact prefix-cache keys for the block pool, when it is an ExactKeyBlockPool (block_pool.py).
         self.block_keys = block_keys
+        self.keyed = keyed or block_keys is not None  # its pool takes KeyedSequences
+        # What becomes of a finished request (a disaggregated fleet's prefill replica hands it on).
+        self.on_finish: Callable[[Sequence, int], None] = recorder.finish
         self.speculation = speculation  # simulator/fleet/speculation.py, when speculative decoding is on
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
         # request id -> the token it samples, for every unfinished request (update() reads it).
@@ -120,14 +123,18 @@ class Replica:
         return sum(e.scheduler.num_unfinished for e in self.engines)
 
     # -- arrivals -----------------------------------------------------------------------------
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, arrived_blocks: int = 0) -> None:
+        """A request arrives (arrived_blocks: its first full prompt blocks come computed from another
+        replica, tiered_pool.py)."""
         engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
-        seq = (Sequence if self.block_keys is None else KeyedSequence)(
+        seq = (KeyedSequence if self.keyed else Sequence)(
             request.request_id, request.prompt_token_ids(),
             SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True), request.arrival_s)
         if self.block_keys is not None:
             seq.block_hashes = self.block_keys.of(request)
             seq.first_private_block = self.block_keys.first_private(request)
+        if arrived_blocks:
+            seq.arrived_blocks = arrived_blocks
         try:
             engine.scheduler.add(seq)
         except ValueError as exc:  # can never be served here: rejected with the scheduler's reason
@@ -309,7 +316,7 @@ class Replica:
         del self._sampled[request_id]
         engine.outstanding_tokens -= seq.num_prompt_tokens + seq.sampling.max_tokens
         self.finished_requests += 1
-        self.recorder.finish(seq, self.index)
+        self.on_finish(seq, self.index)
 
     def _sample(self, now: float, batch_tokens: int) -> None:
         running = [seq for e in self.engines for seq in e.scheduler.running]
