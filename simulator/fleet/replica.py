@@ -53,6 +53,18 @@ class ArrivalClock:
     next_arrival_s: float = 0.0
 
 
+class ArrivalsAnyTime:
+    """The clock of replicas whose requests come at any moment (a disaggregated fleet's handoffs):
+    the next arrival may be now, so they take one SimPy event a step."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+
+    @property
+    def next_arrival_s(self) -> float:
+        return self.env.now
+
+
 @dataclass
 class _VirtualEngine:
     scheduler: object  # engine.scheduler.Scheduler or StaticBatchScheduler

@@ -11,6 +11,7 @@ from simulator.cost.memory import MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer
 from simulator.fleet import replica_groups
+from simulator.fleet.disaggregated import pool_figures, simulate_disaggregated
 from simulator.fleet.fleet import FleetRecord, FleetSetup, cyclic_gc_paused, simulate_replicas
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.slo_watch import SloWatch
@@ -46,6 +47,10 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     same as when the whole fleet is simulated together."""
     if not len(workload):
         raise ValueError("the workload has no requests")
+    if config.disaggregate is not None:
+        if timer is not None:
+            raise ValueError("a fixed step timer times one pool: not a disaggregated fleet's two")
+        return simulate_pools(config, workload, cost_model, progress, bulk_decodes, exact_block_keys)
     model, accelerator, plan = config.check()
     if cost_model is None:
         cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
@@ -78,3 +83,41 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
         summary = summarize(config, accelerator, cost_model, plan, record, requests, timeseries, stopped_early,
                             watch.missed if watch is not None else None)
     return SimResult(config, summary, requests, timeseries, plan)
+
+
+def simulate_pools(config: SimConfig, workload: Workload, cost_model: CostModel | None = None,
+                   progress: Callable[[int, int], None] | None = None, bulk_decodes: bool = True,
+                   exact_block_keys: bool = True) -> SimResult:
+    """simulate() of a disaggregated fleet (simulator/fleet/disaggregated.py); cost_model: the
+    decode pool's (the prefill pool shares it on the same accelerator). The summary's figures are
+    the fleet's; its accelerator, memory and utilization the decode pool's; "disaggregation" has
+    each pool's."""
+    sample_every_s = config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES
+    prefill_config, decode_config = config.pool_configs()
+    setups = {}
+    for name, pool in (("decode", decode_config), ("prefill", prefill_config)):
+        model, accelerator, plan = pool.check()
+        if name == "prefill" and pool.hardware == decode_config.hardware:
+            costs = setups["decode"].cost_model
+        elif name == "decode" and cost_model is not None:
+            costs = cost_model
+        else:
+            costs = CostModel.load(pool.hardware, profile=pool.profile, hardware_file=pool.hardware_file)
+        if costs.engine is None:
+            costs.use_engine(config.engine_profile(), pool.max_num_seqs, pool.max_num_batched_tokens)
+        setups[name] = FleetSetup(pool, model, plan, costs, None, bulk_decodes, exact_block_keys, sample_every_s)
+    prefill, decode = setups["prefill"], setups["decode"]
+    with cyclic_gc_paused():
+        on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
+        record, figures = simulate_disaggregated(prefill, decode, config.kv_transfer_gbps, config.kv_transfer_latency_s,
+                                                 workload.requests, on_done)
+        if progress is not None:
+            progress(len(workload), len(workload))
+        requests = record.recorder.requests_frame()
+        timeseries = record.recorder.timeseries_frame()
+        summary = summarize(config, decode.cost_model.accelerator, decode.cost_model, decode.plan, record, requests,
+                            timeseries, disaggregation=lambda duration: pool_figures(
+                                prefill, decode, figures, duration, config.kv_transfer_gbps,
+                                config.kv_transfer_latency_s))
+    return SimResult(config, summary, requests, timeseries, decode.plan)
+

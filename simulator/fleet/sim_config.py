@@ -112,6 +112,17 @@ class SimConfig(BaseModel):
     # A host-memory tier for the prefix cache (simulator/fleet/tiered_pool.py): GB of host memory per
     # replica that evicted prefix blocks move to, loaded back over each GPU's host link on a hit.
     kv_offload_gb: float = Field(default=0.0, ge=0.0, le=1e6)
+    # Prefill/decode disaggregation (simulator/fleet/disaggregated.py): "P:D", a pool of P prefill
+    # replicas and one of D decode replicas (replicas stays 1); the prefill pool's own accelerator,
+    # TP and weights where given (else the fields above, which the decode pool has); the link a
+    # prefill replica sends each prompt's KV over: GB/s per GPU one way (default: 400 Gb/s, a
+    # DGX H100's InfiniBand port per GPU), and its latency per transfer (an assumption).
+    disaggregate: str | None = Field(default=None, description="P:D, e.g. 2:6")
+    prefill_hardware: str | None = None
+    prefill_tp: int | None = Field(default=None, ge=1, le=64)
+    prefill_quant: WeightPrecision | None = None
+    kv_transfer_gbps: float = Field(default=50.0, gt=0.0)
+    kv_transfer_latency_s: float = Field(default=1e-3, ge=0.0)
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -135,6 +146,17 @@ class SimConfig(BaseModel):
                 raise ValueError("speculative=draft needs draft_model (a catalog id or config.json) for its cost")
             if self.scheduler != "continuous":
                 raise ValueError("speculative decoding runs in the continuous-batching scheduler: use scheduler=continuous")
+        if self.disaggregate is not None:
+            self.pools()  # P:D well formed
+            if self.replicas != 1:
+                raise ValueError(f"with disaggregate={self.disaggregate} the pools' sizes are P and D: leave replicas "
+                                 "at 1")
+            if self.scheduler != "continuous" or self.speculative is not None:
+                raise ValueError("disaggregation is simulated with continuous batching and without speculative "
+                                 "decoding: drop the other scheduler or the speculation")
+        elif any(v is not None for v in (self.prefill_hardware, self.prefill_tp, self.prefill_quant)):
+            raise ValueError("prefill_hardware, prefill_tp and prefill_quant describe a prefill pool: give "
+                             "disaggregate=P:D too, or drop them")
         if self.kv_offload_gb and not self.enable_prefix_caching:
             raise ValueError("kv_offload_gb keeps evicted prefix-cache blocks: it needs enable_prefix_caching")
         if self.kv_offload_gb and self.scheduler != "continuous":
@@ -223,6 +245,43 @@ class SimConfig(BaseModel):
                              "pick a draft whose heads tp divides")
         return draft
 
+    def pools(self) -> tuple[int, int] | None:
+        """(prefill replicas, decode replicas) of a disaggregated fleet, None for a co-located one;
+        ValueError for a malformed disaggregate."""
+        if self.disaggregate is None:
+            return None
+        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", self.disaggregate)
+        if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+            raise ValueError(f"disaggregate={self.disaggregate!r}: write P:D, prefill and decode replicas, each at "
+                             "least 1, e.g. 2:6")
+        return int(match.group(1)), int(match.group(2))
+
+    def pool_configs(self) -> tuple["SimConfig", "SimConfig"]:
+        """A disaggregated fleet's (prefill pool, decode pool) as fleets of their own."""
+        prefill, decode = self.pools()
+        plain = {"disaggregate": None, "prefill_hardware": None, "prefill_tp": None, "prefill_quant": None}
+        own = {"hardware": self.prefill_hardware or self.hardware, "tp": self.prefill_tp or self.tp,
+               "quant": self.prefill_quant or self.quant}
+        if own["hardware"] != self.hardware:
+            own["profile"] = None  # a profile times its own device
+        return (self.model_copy(update={**plain, **own, "replicas": prefill}),
+                self.model_copy(update={**plain, "replicas": decode}))
+
     @property
     def num_gpus(self) -> int:
+        if self.disaggregate is not None:
+            return sum(c.num_gpus for c in self.pool_configs())
         return self.tp * self.pp * self.replicas
+
+    @property
+    def num_engines(self) -> int:
+        """Virtual engines of the fleet (pp per replica), every pool's."""
+        return self.pp * (sum(self.pools()) if self.disaggregate is not None else self.replicas)
+
+    def usd_per_hour(self) -> float | None:
+        """What the fleet's GPUs cost an hour (every pool's); None where an accelerator has no price."""
+        if self.disaggregate is not None:
+            prices = [c.usd_per_hour() for c in self.pool_configs()]
+            return None if None in prices else sum(prices)
+        price = self.accelerator().price_per_hour_usd
+        return None if price is None else price * self.num_gpus

@@ -7,7 +7,7 @@ JSON's keys does not care which it holds; it cannot be changed after it is made.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
 import pandas as pd
@@ -122,6 +122,9 @@ class RunSummary(Mapping):
     # The host KV tier (kv_offload_gb): blocks offloaded and loaded, the share of prompt tokens it
     # served (within prefix_cache_hit_rate) and its load time; None without one.
     kv_offload: dict | None
+    # A disaggregated fleet's pools and KV transfers (simulator/fleet/disaggregated.py pool_figures);
+    # None for a co-located one.
+    disaggregation: dict | None
     # Why the run ended before its last request (SloWatch: missing the SLOs was certain); None: it ran out.
     stopped_early: str | None = None
     _json: dict = field(default=None, init=False, repr=False, compare=False)
@@ -152,9 +155,12 @@ class RunSummary(Mapping):
 
 def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, record: FleetRecord,
               requests: pd.DataFrame, timeseries: pd.DataFrame, stopped_early: str | None = None,
-              missed: Mapping[str, float] | None = None) -> RunSummary:
+              missed: Mapping[str, float] | None = None,
+              disaggregation: Callable[[float], dict] | None = None) -> RunSummary:
     """The run's summary; stopped_early (with the SLO bounds it missed by) marks a run ended as soon
-    as missing the SLOs was certain: its SLOs read as missed at those bounds."""
+    as missing the SLOs was certain: its SLOs read as missed at those bounds. disaggregation: the
+    pools' section of a disaggregated fleet, given the run's duration (accelerator, cost_model and
+    plan are then its decode pool's)."""
     finished = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
     start = float(requests["arrival_s"].min())
@@ -171,9 +177,12 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     gpus = config.num_gpus
     split = record.split
     # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
-    busy = record.busy_s / (config.replicas * config.pp)
+    busy = record.busy_s / config.num_engines
     peak = cost_model.peak_flops(config.compute_dtype)
-    usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
+    if config.disaggregate is not None:
+        usd_per_hour = config.usd_per_hour()  # its pools' accelerators may differ
+    else:
+        usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
     usd = usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None
     per_million = usd is not None and output_tokens > 0
     kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
@@ -181,7 +190,8 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     recorder = record.recorder
     ttft, tpot, e2e = (Distribution(**distribution(finished[c])) for c in ("ttft_s", "tpot_s", "e2e_s"))
     return RunSummary(
-        model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp, replicas=config.replicas,
+        model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp,
+        replicas=sum(config.pools()) if config.disaggregate is not None else config.replicas,
         quant=config.quant, compute_dtype=config.compute_dtype, kv_dtype=config.cache_dtype,
         scheduler=config.scheduler, router=config.router,
         num_requests=int(len(requests)), num_finished=int(len(finished)), num_rejected=int(len(rejected)),
@@ -213,6 +223,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         intervals=prediction_intervals(cost_model, {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}),
         speculation=speculation_summary(config, record.speculation),
         kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
+        disaggregation=disaggregation(duration) if disaggregation is not None else None,
         stopped_early=stopped_early or None)
 
 
