@@ -26,7 +26,8 @@ def validation_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"--{field.replace('_', '-')}: {err['msg']}" if err["loc"] else err["msg"])
+        message = err["msg"].removeprefix("Value error, ")
+        parts.append(f"--{field.replace('_', '-')}: {message}" if err["loc"] else message)
     return "; ".join(parts)
 
 

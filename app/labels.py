@@ -64,3 +64,16 @@ def cache_words(summary) -> str:
                   f"replica ({tier['loaded_gb']:,.1f} GB loaded over PCIe in {tier['load_s']:,.2f} s of step time, "
                   f"{tier['offloaded_blocks']:,} blocks offloaded)")
     return words + "."
+
+
+def pool_words(summary) -> str:
+    """A disaggregated fleet's pools and KV transfers in words."""
+    d = summary["disaggregation"]
+    pools = "; ".join(f"{name} pool {p['replicas']} x {p['hardware']} ({p['quant']}, TP {p['tp']}) busy "
+                      f"{p['busy_fraction']:.0%}" for name, p in (("prefill", d["prefill"]), ("decode", d["decode"])))
+    t = d["transfer"]
+    moved = (f"{t['count']:,} KV transfers at {t['link_gbps']:g} GB/s: {t['mean_s'] * 1e3:,.1f} ms on average "
+             f"({t['p99_s'] * 1e3:,.1f} ms p99), {t['wait_mean_s'] * 1e3:,.2f} ms waiting for the link"
+             if t["count"] else "no KV transfers (every request ended at its prefill)")
+    return f"Disaggregated: {pools}; {moved}."
+

@@ -59,6 +59,8 @@ def plan_command(
                                         "per rank, all-to-all) or off,on"),
     kv_offload_gb: str = typer.Option("0", help="candidate host-memory tiers for the prefix cache, GB per replica "
                                       "(0: none), e.g. 0,256: worth it where prompts share long prefixes"),
+    disaggregate: str = typer.Option("none", help="candidate prefill/decode splits: none (co-located) or P:D ratios, "
+                                     "e.g. none,1:1,1:3 (a fleet of n is n x P prefill and n x D decode replicas)"),
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or servecast"),
     engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
@@ -78,7 +80,7 @@ def plan_command(
     from simulator.catalog.hardware import get_accelerator
     from simulator.plan.executors import run_plan
     from simulator.plan.capacity import PlanSpec
-    from simulator.fleet.sim_config import parse_slos
+    from simulator.fleet.sim_config import SimConfig, parse_slos
     from simulator.plan.grid import candidate_grid
     from simulator.plan.study import Study
     from simulator.workload.load import load_workload
@@ -97,8 +99,16 @@ def plan_command(
         tiers = parse_list(kv_offload_gb, float, "--kv-offload-gb")
         if any(g < 0 for g in tiers):
             raise ValueError(f"--kv-offload-gb sizes must be 0 or more GB, got {kv_offload_gb!r}")
+        splits = [None if x == "none" else x for x in parse_list(disaggregate, str, "--disaggregate")]
+        for split in splits:  # each P:D well formed
+            try:
+                if split is not None:
+                    SimConfig(model=model, hardware=hardware_ids[0], disaggregate=split)
+            except ValidationError as exc:
+                raise ValueError(validation_message(exc)) from None
         candidates = candidate_grid(hardware_ids, parse_list(quant, str, "--quant"), parse_list(tp, int, "--tp"),
-                                    parse_list(pp, int, "--pp"), options, [e == "on" for e in placements], tiers)
+                                    parse_list(pp, int, "--pp"), options, [e == "on" for e in placements], tiers,
+                                    splits)
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
@@ -125,7 +135,7 @@ def plan_command(
         fail(str(exc))
     command = reproduce_command(model=model, trace=trace or plan_defaults.trace(), slo=slo, hardware=",".join(hardware_ids),
                                 quant=quant, tp=tp, pp=pp, speculation=speculation, expert_parallel=expert_parallel,
-                                kv_offload_gb=kv_offload_gb, routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
+                                kv_offload_gb=kv_offload_gb, disaggregate=disaggregate, routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
                                 max_replicas=max_replicas, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())
     if out is not None:

@@ -164,6 +164,5 @@ def print_plan(document: dict) -> None:
             out.print(table)
         for reason, which in plan_words.reason_groups([r for r in rows if not r["feasible"]]):
             out.print(f"cannot meet them ({len(which)}): {reason}: {', '.join(which)}", highlight=False)
-        tiers = plan_words.tier_words(rows)
-        if tiers:
-            out.print(tiers, highlight=False)
+        for words in plan_words.choice_words(rows):
+            out.print(words, highlight=False)

@@ -41,13 +41,17 @@ def esc(text) -> str:
 
 
 def fleet_words(row: dict) -> str:
-    """'2 x h100-sxm (bf16, TP 1)'."""
+    """'2 x h100-sxm (bf16, TP 1)'; disaggregated: '2 prefill + 6 decode x h100-sxm (...)'."""
     c = row
+    count = f"{c['replicas']} x"
+    if c.get("disaggregate"):
+        prefill, decode = (int(n) * c["replicas"] for n in c["disaggregate"].split(":"))
+        count = f"{prefill} prefill + {decode} decode x"
     extra = [f"TP {c['tp']}"] + ([f"PP {c['pp']}"] if c.get("pp", 1) > 1 else []) + \
         (["EP"] if c.get("expert_parallel") else []) + \
         ([f"{c['speculative']} speculation x{c['num_speculative_tokens']}"] if c.get("speculative") else []) + \
         ([f"{c['kv_offload_gb']:g} GB CPU KV tier"] if c.get("kv_offload_gb") else [])
-    return f"{c['replicas']} x {c['hardware']} ({c['quant']}, {', '.join(extra)})"
+    return f"{count} {c['hardware']} ({c['quant']}, {', '.join(extra)})"
 
 
 def sortable_table(rows: list[dict], fields, flags: dict[str, str] | None = None) -> str:
@@ -165,9 +169,8 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
                              "accelerator was neither profiled nor fitted on real runs.</p>")
             figures.append((len(parts), cost_latency_figure(rows, document["pareto"][str(g)], slos, g)))
             parts.append("")  # the chart's place
-        tiers = plan_words.tier_words(rows)
-        if tiers:
-            parts.append(f"<p>{esc(tiers)}</p>")
+        for words in plan_words.choice_words(rows):
+            parts.append(f"<p>{esc(words)}</p>")
         failed = [r for r in rows if not r["feasible"]]
         if failed:
             parts.append(f"<h3>Deployments that cannot meet them ({len(failed)}), by reason</h3><table><thead><tr>"

@@ -71,32 +71,42 @@ def cheapest_first(rows: list[dict]) -> list[dict]:
                                  r["e2e_p99_s"] or 0.0))
 
 
-def tier_words(rows: list[dict]) -> str | None:
-    """When a host KV tier pays (plan rows of one traffic level): each tier candidate against the
-    same deployment without one. None where no tier was a candidate."""
+# The deployment choices the plan words compare with the same deployment without them: the label's
+# marker of the choice, and its name in words.
+VARIANTS = ((" cpu-kv=", "a CPU KV tier"), (" pd=", "prefill/decode disaggregation"))
+
+
+def variant_words(rows: list[dict], marker: str, name: str) -> str | None:
+    """When a deployment choice pays (plan rows of one traffic level): each candidate with it (its
+    label holds the marker) against the same deployment without it, in $/hour. None where no
+    candidate had it."""
     def twin(r: dict) -> tuple:
-        return r["candidate"].rsplit(" cpu-kv=", 1)[0], r["rate_scale"]
-    plain = {twin(r): r for r in rows if not r.get("kv_offload_gb")}
-    saving, same, only = [], [], []
+        return re.sub(re.escape(marker) + r"\S+", "", r["candidate"]), r["rate_scale"]
+    plain = {twin(r): r for r in rows if marker not in r["candidate"]}
+    cheaper, only, same = [], [], []
     for r in rows:
-        base = plain.get(twin(r)) if r.get("kv_offload_gb") else None
-        if base is None or not r["feasible"]:
+        base = plain.get(twin(r)) if marker in r["candidate"] else None
+        if base is None or not r["feasible"] or r["usd_per_hour"] is None:
             continue
         if not base["feasible"]:
             only.append(r["candidate"])
-        elif r["replicas"] < base["replicas"]:
-            fewer = base["replicas"] - r["replicas"]
-            saving.append(f"{r['candidate']} ({fewer} fewer replica{'s' if fewer > 1 else ''}, "
-                          f"{labels.text('usd_per_hour', (base['usd_per_hour'] or 0) - (r['usd_per_hour'] or 0))}/hour)")
+        elif r["usd_per_hour"] < (base["usd_per_hour"] or 0.0):
+            cheaper.append(f"{r['candidate']} ({labels.text('usd_per_hour', base['usd_per_hour'] - r['usd_per_hour'])}"
+                           f"/hour less: {r['gpus']} GPUs against {base['gpus']})")
         else:
             same.append(r["candidate"])
-    if not (saving or same or only):
+    if not (cheaper or only or same):
         return None
-    parts = ([f"a CPU KV tier saves replicas on {', '.join(saving)}"] if saving else []) + \
-        ([f"only with a CPU KV tier do {', '.join(only)} meet the SLOs"] if only else []) + \
-        ([f"a CPU KV tier saves no replica on {', '.join(same)}"] if same else [])
+    parts = ([f"{name} is cheaper on {', '.join(cheaper)}"] if cheaper else []) + \
+        ([f"only with {name} do {', '.join(only)} meet the SLOs"] if only else []) + \
+        ([f"{name} is no cheaper on {', '.join(same)}"] if same else [])
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + "."
+
+
+def choice_words(rows: list[dict]) -> list[str]:
+    """variant_words for every choice the plan had candidates of."""
+    return [words for marker, name in VARIANTS if (words := variant_words(rows, marker, name))]
 
 
 def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:

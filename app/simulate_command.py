@@ -72,6 +72,8 @@ def print_summary(summary: dict) -> None:
               f"MFU {u['mfu']:.1%}, MBU {u['mbu']:.1%}, busy {u['busy_fraction']:.0%}")
     if summary["kv_offload"] is not None:
         out.print(labels.cache_words(summary))
+    if summary["disaggregation"] is not None:
+        out.print(labels.pool_words(summary))
     if c["usd_per_hour"] is not None:
         per_m = c["usd_per_million_output_tokens"]
         out.print(f"cost: ${c['usd_per_hour']:.2f}/hour, {c['gpu_hours']:.2f} GPU-hours, "
@@ -92,7 +94,8 @@ FROM_REPLAY = ("model", "trace", "tp", "pp", "replicas", "quant", "kv_dtype", "a
                "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
                "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
                "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile",
-               "expert_parallel", "routing_skew", "kv_offload_gb")
+               "expert_parallel", "routing_skew", "kv_offload_gb", "disaggregate", "prefill_hardware", "prefill_tp",
+               "prefill_quant", "kv_transfer_gbps", "kv_transfer_latency_s")
 
 
 def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile: Path | None,
@@ -155,6 +158,18 @@ def simulate_command(
     routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
     kv_offload_gb: float = typer.Option(0.0, help="GB of host memory per replica for a CPU tier of the prefix "
                                         "cache: evicted blocks move there and load back over the host link on a hit"),
+    disaggregate: Optional[str] = typer.Option(None, help="P:D, e.g. 2:6: a pool of P prefill replicas and one of D "
+                                               "decode replicas (instead of --replicas); each prompt's KV is sent "
+                                               "from its prefill replica to a decode replica"),
+    prefill_hardware: Optional[str] = typer.Option(None, help="--disaggregate: the prefill pool's accelerator "
+                                                   "(default: --hardware)"),
+    prefill_tp: Optional[int] = typer.Option(None, help="--disaggregate: the prefill pool's TP (default: --tp)"),
+    prefill_quant: Optional[str] = typer.Option(None, help="--disaggregate: the prefill pool's weights (default: "
+                                                "--quant)"),
+    kv_transfer_gbps: float = typer.Option(50.0, help="--disaggregate: GB/s per GPU, one way, of the link a prompt's "
+                                           "KV crosses (default: 400 Gb/s InfiniBand per GPU)"),
+    kv_transfer_latency_s: float = typer.Option(0.001, help="--disaggregate: seconds each KV transfer takes beyond "
+                                                "its bytes"),
     engine: Optional[str] = typer.Option(None, help="serving engine whose overheads the step times carry: vllm-v0.15 "
                                          "(the default on catalog GPUs) or servecast (this project's engine; the "
                                          "default on profiled devices)"),
@@ -188,7 +203,10 @@ def simulate_command(
                                acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
                                draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
                                expert_parallel=expert_parallel, routing_skew=routing_skew,
-                               kv_offload_gb=kv_offload_gb, engine=engine,
+                               kv_offload_gb=kv_offload_gb, disaggregate=disaggregate,
+                               prefill_hardware=prefill_hardware, prefill_tp=prefill_tp, prefill_quant=prefill_quant,
+                               kv_transfer_gbps=kv_transfer_gbps, kv_transfer_latency_s=kv_transfer_latency_s,
+                               engine=engine,
                                engine_file=str(engine_file) if engine_file else None)
         config.engine_profile()  # an unknown engine is bad input
         if workers < 1:

@@ -27,6 +27,8 @@ def main() -> None:
     cost = s["cost"]["usd_per_million_output_tokens"]
     c5.metric("$ / M output tokens", "-" if cost is None else f"${cost:,.2f}")
     st.caption(labels.cache_words(s))
+    if s["disaggregation"] is not None:
+        st.caption(labels.pool_words(s))
     intervals = html_report.intervals_figure(s)
     if intervals is not None:
         st.plotly_chart(intervals, key="intervals")

@@ -12,7 +12,7 @@ import streamlit as st
 from app import html_report, labels, plan_defaults, plan_words
 from app.dashboard import tables
 from app.plan_report import FEASIBLE_FIELDS
-from app.dashboard.widgets import trace_input, trace_words
+from app.dashboard.widgets import SPLITS, trace_input, trace_words
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
 from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
@@ -68,6 +68,9 @@ def main() -> None:
         tiers = st.multiselect("CPU KV tier (GB of host memory per replica)", OFFLOAD_GB, default=[0], key="offload",
                                help="evicted prefix-cache blocks kept in host memory and loaded back over PCIe: "
                                     "worth it where prompts share long prefixes (multi-turn chat, agents)")
+        splits = st.multiselect("Prefill/decode disaggregation (P:D)", SPLITS, default=[SPLITS[0]], key="split",
+                                help="a pool of prefill replicas and one of decode replicas, each prompt's KV sent "
+                                     "between them; a fleet of n is n x P prefill and n x D decode replicas")
         growth = st.multiselect("Traffic growth", GROWTHS, default=list(plan_defaults.GROWTH), key="growth")
         slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
                                       key="slo_sensitivity")
@@ -84,7 +87,8 @@ def main() -> None:
         moe = load_model(model).is_moe
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
         candidates = tuple(candidate_grid(hardware, quant, tp, plan_defaults.PP, expert_parallel=modes,
-                                          kv_offload_gb=[float(g) for g in tiers] or [0.0]))
+                                          kv_offload_gb=[float(g) for g in tiers] or [0.0],
+                                          disaggregate=[None if x == SPLITS[0] else x for x in splits] or [None]))
         if not candidates:
             st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
             return

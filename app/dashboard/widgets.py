@@ -57,6 +57,9 @@ def trace_words(key: str, workload) -> str:
                                                       else " all at once")
 
 
+SPLITS = ["co-located", "1:1", "1:2", "1:3", "2:1"]
+
+
 def fleet_input(key: str, defaults: dict | None = None) -> dict:
     """One fleet configuration (SimConfig fields) chosen on the page."""
     from app.plan_defaults import priced_gpus
@@ -66,8 +69,8 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
 
     d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "replicas": 1, **(defaults or {})}
     gpus, models, engines = priced_gpus(), catalog_model_ids(), engine_ids()
-    c1, c2, c3, c4, c5, c6, c7, c8 = st.columns(8)
-    return {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
+    c1, c2, c3, c4, c5, c6, c7, c8, c9 = st.columns(9)
+    fields = {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
             "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
             "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
                                   index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant"),
@@ -82,6 +85,13 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
                                                    key=f"{key}_offload",
                                                    help="host memory per replica for evicted prefix-cache blocks, "
                                                         "loaded back over PCIe on a hit (0: none)"))}
+    split = c9.selectbox("P:D", SPLITS, key=f"{key}_split",
+                         help="prefill/decode disaggregation: per replica count above, P prefill and D decode "
+                              "replicas, each prompt's KV sent from one to the other")
+    if split != SPLITS[0]:
+        prefill, decode = (int(n) * fields["replicas"] for n in split.split(":"))
+        fields.update(disaggregate=f"{prefill}:{decode}", replicas=1)
+    return fields
 
 
 SIMULATIONS_KEPT = 32  # answers remembered across sessions, least recently asked dropped first

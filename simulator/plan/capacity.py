@@ -43,6 +43,8 @@ class Candidate:
     draft_model: str | None = None
     expert_parallel: bool = False  # MoE models: whole experts per TP rank
     kv_offload_gb: float = 0.0  # a host-memory tier for the prefix cache, GB per replica
+    # Prefill/decode disaggregation "P:D": a fleet of n is n x P prefill and n x D decode replicas.
+    disaggregate: str | None = None
 
     @property
     def label(self) -> str:
@@ -52,7 +54,8 @@ class Candidate:
         pp = f" pp={self.pp}" if self.pp > 1 else ""
         ep = " ep" if self.expert_parallel else ""
         offload = f" cpu-kv={self.kv_offload_gb:g}GB" if self.kv_offload_gb else ""
-        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}{offload}"
+        split = f" pd={self.disaggregate}" if self.disaggregate else ""
+        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}{split}{offload}"
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,12 @@ class PlanSpec:
         return self.workload.scaled(rate_scale).repeated(span, self.min_requests)
 
     def config(self, candidate: Candidate, replicas: int) -> SimConfig:
+        """The fleet of `replicas` of the candidate (disaggregated: replicas x its P:D pools)."""
         fields = {k: v for k, v in asdict(candidate).items() if v is not None}
+        if candidate.disaggregate:
+            prefill, decode = SimConfig(model=self.model, hardware=candidate.hardware,
+                                        disaggregate=candidate.disaggregate).pools()
+            fields["disaggregate"], replicas = f"{replicas * prefill}:{replicas * decode}", 1
         return SimConfig(model=self.model, replicas=replicas, slo=self.slo, seed=self.seed, **fields, **self.knobs)
 
 
@@ -182,7 +190,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     summary = summaries[replicas]
     cost = summary["cost"]
     result.feasible, result.replicas = True, replicas
-    result.gpus = replicas * candidate.tp * candidate.pp
+    result.gpus = spec.config(candidate, replicas).num_gpus
     result.usd_per_hour = cost["usd_per_hour"]
     result.usd_per_million_output_tokens = cost["usd_per_million_output_tokens"]
     result.ttft_p99_s = summary["ttft_s"]["p99"]

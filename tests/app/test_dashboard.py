@@ -118,6 +118,14 @@ def test_explore_says_what_a_cpu_kv_tier_served() -> None:
     assert not at.exception and "prompt tokens from the 128 GB CPU KV tier" in at.caption[0].value
 
 
+def test_explore_runs_a_disaggregated_fleet_and_describes_its_pools() -> None:
+    at = page("explore_page.py")
+    at.number_input(key="explore_replicas").set_value(2).run()
+    at.selectbox(key="explore_split").set_value("1:3").run()
+    assert not at.exception and any("prefill pool 2 x h100-sxm" in c.value and "decode pool 6 x" in c.value
+                                    for c in at.caption)
+
+
 def test_compare_puts_two_fleets_side_by_side() -> None:
     at = page("compare_page.py")
     a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("Fleet A", "Fleet B"))

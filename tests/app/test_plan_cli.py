@@ -99,7 +99,7 @@ def test_plan_weighs_a_cpu_kv_tier() -> None:
 
 
 def test_a_tier_that_saves_nothing_is_not_recommended_and_the_plan_says_where_one_pays() -> None:
-    from app.plan_words import cheapest_first, tier_words
+    from app.plan_words import cheapest_first, choice_words, variant_words
     from simulator.plan.capacity import Candidate, CandidateResult, recommend
 
     def result(hardware: str, gb: float, replicas: int | None, e2e: float = 1.0) -> CandidateResult:
@@ -112,7 +112,24 @@ def test_a_tier_that_saves_nothing_is_not_recommended_and_the_plan_says_where_on
     assert [r["kv_offload_gb"] for r in cheapest_first([r.row() for r in same])] == [0, 256]
     rows = [r.row() for r in [*same, result("h100-sxm", 0, 4), result("h100-sxm", 256, 2),
                               result("l40s", 0, None), result("l40s", 256, 5)]]
-    assert tier_words(rows) == ("A CPU KV tier saves replicas on h100-sxm bf16 tp=1 cpu-kv=256GB (2 fewer replicas, "
-                                "$4.00/hour); only with a CPU KV tier do l40s bf16 tp=1 cpu-kv=256GB meet the SLOs; "
-                                "a CPU KV tier saves no replica on a100-80gb bf16 tp=1 cpu-kv=256GB.")
-    assert tier_words([r.row() for r in same[:1]]) is None
+    assert variant_words(rows, " cpu-kv=", "a CPU KV tier") == (
+        "A CPU KV tier is cheaper on h100-sxm bf16 tp=1 cpu-kv=256GB ($4.00/hour less: 2 GPUs against 4); only "
+        "with a CPU KV tier do l40s bf16 tp=1 cpu-kv=256GB meet the SLOs; a CPU KV tier is no cheaper on "
+        "a100-80gb bf16 tp=1 cpu-kv=256GB.")
+    assert choice_words(rows) == [variant_words(rows, " cpu-kv=", "a CPU KV tier")]
+    assert choice_words([r.row() for r in same[:1]]) == []
+
+
+def test_plan_weighs_prefill_decode_disaggregation() -> None:
+    runner = CliRunner()
+    trace = "synthetic:num=120,input=1000,output=100,rate=4"
+    result = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "h100-sxm", "--quant", "bf16", "--tp", "1",
+                                 "--disaggregate", "none,1:2", "--slo", "ttft_p99=2s,tpot_p99=100ms", "--workers",
+                                 "0", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {c["candidate"]: c for c in json.loads(result.stdout)["candidates"]}
+    assert set(rows) == {"h100-sxm bf16 tp=1", "h100-sxm bf16 tp=1 pd=1:2"}
+    split = rows["h100-sxm bf16 tp=1 pd=1:2"]
+    assert split["feasible"] and split["gpus"] == 3 * split["replicas"]  # n x (1 prefill + 2 decode)
+    bad = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "h100-sxm", "--disaggregate", "1-2"])
+    assert bad.exit_code == 2 and "disaggregate='1-2': write P:D" in bad.stderr
