@@ -7,8 +7,9 @@ A request's life:
 - the prompt's KV goes to the decode replica the decode pool's router picks, over the prefill
   replica's link: kv_transfer_latency_s plus the KV's bytes on one GPU / kv_transfer_gbps, one
   transfer at a time per prefill replica (later ones queue);
-- the client gets the first token when the transfer ends (the handoff carries it): TTFT includes
-  the transfer and its wait;
+- the prefill replica is done with the request when its engine has put out the first token (the
+  engine profile's output delay included); the transfer starts then, and the client gets the first
+  token when it ends (the handoff carries it): TTFT includes the transfer and its wait;
 - the decode replica takes the request with the prompt's full blocks computed (tiered_pool.py:
   arrived blocks); its first step computes the last partial block and the first token, and it
   generates the rest. Its KV blocks limit its admissions, as for any request.
@@ -73,8 +74,7 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, kv_transfer_
     ingress = ingress_s(decode.cost_model)
     clock = ArrivalClock(requests[0].arrival_s + ingress)
     num_prefill, num_decode = prefill.config.replicas, decode.config.replicas
-    prefill_replicas, prefill_timer = make_replicas(prefill, env, recorder, clock, list(range(num_prefill)),
-                                                    streams=False)
+    prefill_replicas, prefill_timer = make_replicas(prefill, env, recorder, clock, list(range(num_prefill)))
     decode_replicas, decode_timer = make_replicas(decode, env, recorder, ArrivalsAnyTime(env),
                                                   list(range(num_prefill, num_prefill + num_decode)),
                                                   arrivals_elsewhere=True)

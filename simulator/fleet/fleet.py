@@ -73,12 +73,11 @@ class FleetRecord:
 
 
 def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder, clock: ArrivalClock,
-                  indices: list[int], timer: StepTimer | None = None, arrivals_elsewhere: bool = False,
-                  streams: bool = True) -> tuple[list[Replica], StepTimer]:
+                  indices: list[int], timer: StepTimer | None = None, arrivals_elsewhere: bool = False
+                  ) -> tuple[list[Replica], StepTimer]:
     """The fleet's replicas of these global indices in env (and the step timer they share).
     arrivals_elsewhere: their requests may bring prompts another replica computed (a disaggregated
-    fleet's decode pool): their pools take them (tiered_pool.py). streams=False: their tokens go
-    to another replica, not through the engine's output pipeline to a client (no output delay)."""
+    fleet's decode pool): their pools take them (tiered_pool.py)."""
     config, cost_model, model, plan = fleet.config, fleet.cost_model, fleet.model, fleet.plan
     max_len = config.resolved_max_model_len(model, plan)
     pp = config.pp
@@ -114,7 +113,7 @@ def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder,
                           config.block_size, expert_parallel=config.expert_parallel,
                           routing_skew=config.routing_skew)
     speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
-    delay = cost_model.engine.output_delay_steps if cost_model.engine is not None and streams else 0.0
+    delay = cost_model.engine.output_delay_steps if cost_model.engine is not None else 0.0
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
                         speculation(i) if speculation else None, block_keys, delay, keyed=pool_class is not None)
                 for i in indices]
