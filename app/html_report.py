@@ -128,7 +128,8 @@ def simulation_report(path: Path, result) -> None:
              f"{s['quant']})")
     figures = [latency_cdfs(result.requests), intervals_figure(s), time_split_figure(s),
                timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
-    write_report(path, title, s.to_dict(), [f for f in figures if f is not None], labels.cache_words(s))
+    notes = labels.cache_words(s) + (" " + labels.pool_words(s) if s["disaggregation"] is not None else "")
+    write_report(path, title, s.to_dict(), [f for f in figures if f is not None], notes)
 
 
 def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figure:

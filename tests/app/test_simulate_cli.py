@@ -129,3 +129,19 @@ def test_validate_bad_settings_fail_before_any_profiling(args, message) -> None:
     result = runner.invoke(app, ["validate", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_simulate_a_disaggregated_fleet_from_the_command_line(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    result = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--disaggregate",
+                                      "1:2", "--prefill-tp", "2", "--trace", "synthetic:num=30,input=800,output=50,rate=4",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "prefill pool 1 x h100-sxm (bf16, TP 2)" in result.stdout.replace("\n", " ")
+    assert "Disaggregated: prefill pool" in (tmp_path / "report.html").read_text()
+    bad = CliRunner().invoke(app, ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--prefill-tp", "2",
+                                   "--trace", "synthetic:num=3,input=8,output=5,rate=4"])
+    assert bad.exit_code == 2 and "give disaggregate=P:D too" in bad.output and "Traceback" not in bad.output
