@@ -23,12 +23,10 @@ def fail(message: str) -> None:
 
 def validation_message(exc: ValidationError) -> str:
     """A pydantic error as one line naming the field(s) and what is wrong."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        message = err["msg"].removeprefix("Value error, ")
-        parts.append(f"--{field.replace('_', '-')}: {message}" if err["loc"] else message)
-    return "; ".join(parts)
+    from simulator.fleet.sim_config import validation_items
+
+    return "; ".join(f"--{field.replace('_', '-')}: {message}" if field else message
+                     for field, message in validation_items(exc))
 
 
 def jsonable(value):

@@ -80,7 +80,7 @@ def plan_command(
     from simulator.catalog.hardware import get_accelerator
     from simulator.plan.executors import run_plan
     from simulator.plan.capacity import PlanSpec
-    from simulator.fleet.sim_config import SimConfig, parse_slos
+    from simulator.fleet.sim_config import parse_pools, parse_slos
     from simulator.plan.grid import candidate_grid
     from simulator.plan.study import Study
     from simulator.workload.load import load_workload
@@ -100,12 +100,9 @@ def plan_command(
         if any(g < 0 for g in tiers):
             raise ValueError(f"--kv-offload-gb sizes must be 0 or more GB, got {kv_offload_gb!r}")
         splits = [None if x == "none" else x for x in parse_list(disaggregate, str, "--disaggregate")]
-        for split in splits:  # each P:D well formed
-            try:
-                if split is not None:
-                    SimConfig(model=model, hardware=hardware_ids[0], disaggregate=split)
-            except ValidationError as exc:
-                raise ValueError(validation_message(exc)) from None
+        for split in splits:
+            if split is not None:
+                parse_pools(split)  # each P:D well formed
         candidates = candidate_grid(hardware_ids, parse_list(quant, str, "--quant"), parse_list(tp, int, "--tp"),
                                     parse_list(pp, int, "--pp"), options, [e == "on" for e in placements], tiers,
                                     splits)

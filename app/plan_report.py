@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from app import labels, plan_words
 from app.html_report import intervals_figure, latency_cdfs, time_split_figure, timeseries_figure
+from simulator.fleet.sim_config import parse_pools
 
 FEASIBLE_FIELDS = ("candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
                    "tpot_p99_s", "e2e_p99_s", "headroom", "replicas_slow_end")
@@ -45,7 +46,7 @@ def fleet_words(row: dict) -> str:
     c = row
     count = f"{c['replicas']} x"
     if c.get("disaggregate"):
-        prefill, decode = (int(n) * c["replicas"] for n in c["disaggregate"].split(":"))
+        prefill, decode = (n * c["replicas"] for n in parse_pools(c["disaggregate"]))
         count = f"{prefill} prefill + {decode} decode x"
     extra = [f"TP {c['tp']}"] + ([f"PP {c['pp']}"] if c.get("pp", 1) > 1 else []) + \
         (["EP"] if c.get("expert_parallel") else []) + \

@@ -19,15 +19,14 @@ from rich.table import Table
 from app.common import console, dumps, fail, progress_bar, wide_console
 
 
-def deployment_of(stated: str, server: dict | None, model: str) -> dict | None:
+def deployment_of(stated: dict, server: dict | None, model: str) -> dict | None:
     """The replayed server as the simulator sees it: what the server reported (servecast's does),
     overridden by --deployment; the model's catalog id from the served name (or the weights its
     card names) where neither gave one."""
-    from calibrate.deployment import parse_deployment
     from calibrate.http_replay import reported_deployment
     from calibrate.real_runs import RunsError, catalog_model
 
-    deployment = {**reported_deployment(server, model), **parse_deployment(stated)}
+    deployment = {**reported_deployment(server, model), **stated}
     # vLLM's card names the weights it serves (root) where the served name is an alias.
     roots = [c.get("root") for c in (server or {}).get("data") or [] if isinstance(c, dict) and c.get("id") == model]
     for name in [model, *(r for r in roots if isinstance(r, str))]:
@@ -79,7 +78,7 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
     from simulator.workload.load import load_workload
 
     slos = check_slos(parse_slos(slo))  # simulate's SLO rules, without a fleet to configure
-    parse_deployment(deployment)  # a bad --deployment fails before the server is asked anything
+    stated = parse_deployment(deployment)  # a bad --deployment fails before the server is asked anything
     for name, value, least in (("--max-concurrency", max_concurrency, 1), ("--vocab-size", vocab_size, 1),
                                ("--warmup", warmup, 0), ("--prompt-seed", prompt_seed, 0)):
         if value is not None and value < least:
@@ -101,7 +100,7 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
         make = lambda w, s: token_prompts(w, vocab_size, s)  # noqa: E731
     warm = warmup_workload(workload, warmup)
     return Prepared(url, model, server, workload, make(workload, prompt_seed), warm, make(warm, prompt_seed),
-                    vocab_size, slos, deployment_of(deployment, server, model))
+                    vocab_size, slos, deployment_of(stated, server, model))
 
 
 def print_summary(summary: dict) -> None:

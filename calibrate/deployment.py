@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.dtypes import canonical_dtype
-from simulator.fleet.sim_config import SimConfig
+from simulator.fleet.sim_config import SimConfig, validation_items
 
 # SimConfig fields a deployment may not set: the workload's (slo, seed) and what calibration fits.
 NOT_DEPLOYMENT = frozenset({"slo", "seed", "timeseries_interval_s", "engine", "engine_file"})
@@ -83,9 +83,4 @@ def deployment_config(fields: dict, where: str, **extra) -> SimConfig:
 
 def deployment_error(exc: ValidationError) -> str:
     """A SimConfig error as one line in the deployment's words (field=value)."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{field}: {message}" if field else message)
-    return "; ".join(parts)
+    return "; ".join(f"{field}: {message}" if field else message for field, message in validation_items(exc))

@@ -319,7 +319,8 @@ def cross_validate(base: EngineProfile, runs: Sequence[MeasuredRun], fit_time_sc
                  for m in METRICS}
     errors = {"leave_one_run_out": {**summary_errors(loo_all), "refits_moved": moved.get("leave one run out", 0)}}
     if lomo:
-        errors["leave_one_model_out"] = {**summary_errors(lomo_all), "refits_moved": moved.get("leave one model out", 0)}
+        errors["leave_one_model_out"] = {**summary_errors(lomo_all),
+                                         "refits_moved": moved.get("leave one model out", 0)}
     errors["in_sample"] = summary_errors(in_sample)
     latency = [r for r in runs if not r.saturated]
     fitted_on = (f"{len(latency)} unsaturated real runs ({', '.join(devices)}; "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calibrate.deployment import deployment_config
@@ -34,11 +34,8 @@ class TraceRun:
 
     id: str
     config: SimConfig
-    trace: str
-    seed: int
-    rate_scale: float
     measured: dict[str, float]  # real_runs.METRICS, ms
-    num_requests: int
+    replayed: Workload = field(repr=False, compare=False)  # what was sent, loaded once
 
     @property
     def hardware(self) -> str:
@@ -58,17 +55,22 @@ class TraceRun:
 
     @property
     def duration_s(self) -> float:
-        return max(self.workload().duration_s, 1e-9)
+        return max(self.replayed.duration_s, 1e-9)
 
     def sim_config(self) -> SimConfig:
         return self.config
 
     def workload(self, time_scale: float = 1.0) -> Workload:
         """The replayed workload, whole whatever time_scale (a replay is fitted as it was sent)."""
-        return load_workload(self.trace, seed=self.seed, rate_scale=self.rate_scale)
+        return self.replayed
 
     def figures(self, summary) -> dict[str, float]:
-        return {**summary_figures(summary), "tpot": milliseconds(summary["tpot_s"]["mean"])}
+        return replay_figures(summary)
+
+
+def replay_figures(summary) -> dict[str, float]:
+    """The METRICS of a summary (a replay's or a simulation's) in ms, TPOT the requests' own mean."""
+    return {**summary_figures(summary), "tpot": milliseconds(summary["tpot_s"]["mean"])}
 
 
 def replay_config(replayed: ReplayRun, default_hardware: str | None = None, default_profile: str | None = None,
@@ -119,12 +121,11 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
     if len(workload) != summary["num_requests"]:
         raise RunsError(f"{where}: its trace {info.trace} now holds {len(workload)} requests, the replay sent "
                         f"{summary['num_requests']}: the trace changed since; point the summary's trace at the one replayed")
-    measured = {**summary_figures(summary), "tpot": milliseconds(summary["tpot_s"]["mean"])}
+    measured = replay_figures(summary)
     bad = [k for k, v in measured.items() if not math.isfinite(v)]
     if bad:
         raise RunsError(f"{where}: the replay measured no {', '.join(bad)} (too few tokens per request?)")
-    return TraceRun(replayed.folder.name, config, info.trace, info.seed, info.rate_scale, measured,
-                    summary["num_requests"])
+    return TraceRun(replayed.folder.name, config, measured, workload)
 
 
 def replay_folders(path: Path) -> list[Path]:

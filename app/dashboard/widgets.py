@@ -12,6 +12,7 @@ from app.dashboard.inputs import workload_from_spec, workload_from_upload
 from app import plan_words
 from app.plan_defaults import trace as bundled_spec
 from simulator.workload.requests import WorkloadError
+from simulator.fleet.sim_config import parse_pools
 
 
 BUNDLED = "bundled ShareGPT lengths"
@@ -89,7 +90,7 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
                          help="prefill/decode disaggregation: per replica count above, P prefill and D decode "
                               "replicas, each prompt's KV sent from one to the other")
     if split != SPLITS[0]:
-        prefill, decode = (int(n) * fields["replicas"] for n in split.split(":"))
+        prefill, decode = (n * fields["replicas"] for n in parse_pools(split))
         fields.update(disaggregate=f"{prefill}:{decode}", replicas=1)
     return fields
 

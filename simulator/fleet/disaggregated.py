@@ -64,12 +64,12 @@ class _Finished:
     token_times: list[float]
 
 
-def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, kv_transfer_gbps: float,
-                           kv_transfer_latency_s: float, requests: list,
+def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, requests: list,
                            on_done: Callable[[int], None] | None = None) -> tuple[FleetRecord, dict]:
-    """Simulate the two pools on the requests (in arrival order): the fleet's record (every
-    request's row from its decode replica, or its prefill replica for one-token requests) and the
-    pools' own figures (pool_figures' input)."""
+    """Simulate the two pools (SimConfig.pool_configs: the link is the prefill pool's
+    kv_transfer_gbps and kv_transfer_latency_s) on the requests in arrival order: the fleet's record
+    (every request's row from its decode replica, or its prefill replica for one-token requests)
+    and the pools' own figures (pool_figures' input)."""
     env, recorder = simpy.Environment(), Recorder()
     ingress = ingress_s(decode.cost_model)
     clock = ArrivalClock(requests[0].arrival_s + ingress)
@@ -82,6 +82,7 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, kv_transfer_
     decode_router = Router(decode.config.router, decode_replicas)
     links = [simpy.Resource(env, capacity=1) for _ in prefill_replicas]
     per_token_bytes = prefill.plan.kv_bytes_per_token  # one GPU's share: each rank sends its own at once
+    latency_s, bytes_per_s = prefill.config.kv_transfer_latency_s, prefill.config.kv_transfer_gbps * 1e9
     block_size = decode.config.block_size
     originals: dict[int, object] = {}
     handoffs: dict[int, _Handoff] = {}
@@ -104,7 +105,7 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, kv_transfer_
         with links[index].request() as slot:
             yield slot
             wait = env.now - asked
-            duration = kv_transfer_latency_s + request.prompt_tokens * per_token_bytes / (kv_transfer_gbps * 1e9)
+            duration = latency_s + request.prompt_tokens * per_token_bytes / bytes_per_s
             yield env.timeout(duration)
         transfers.append((wait, duration))
         handoffs[seq.request_id] = _Handoff(request.arrival_s, request.prompt_tokens, seq.first_scheduled_time,
@@ -148,8 +149,7 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, kv_transfer_
     return record, {"busy_s": busy, "transfers": transfers}
 
 
-def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duration_s: float,
-                 kv_transfer_gbps: float, kv_transfer_latency_s: float) -> dict:
+def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duration_s: float) -> dict:
     """The summary's "disaggregation" section: each pool's make-up and how busy it was, and the KV
     transfers (how many, how much, how long, how long they waited for their link)."""
     def pool(setup: FleetSetup, name: str) -> dict:
@@ -166,6 +166,7 @@ def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duratio
             return None
         return float(values.mean() if q is None else np.percentile(values, q))
     return {"prefill": pool(prefill, "prefill"), "decode": pool(decode, "decode"),
-            "transfer": {"link_gbps": kv_transfer_gbps, "latency_s": kv_transfer_latency_s,
+            "transfer": {"link_gbps": prefill.config.kv_transfer_gbps,
+                         "latency_s": prefill.config.kv_transfer_latency_s,
                          "count": int(len(times)), "mean_s": stat(times), "p99_s": stat(times, 99),
                          "wait_mean_s": stat(waits), "wait_p99_s": stat(waits, 99)}}

@@ -202,7 +202,8 @@ def host_tier_counts(replicas: list[Replica]) -> dict[str, float]:
     """Blocks offloaded to and loaded from the host tiers of these replicas, and the load time."""
     pools = [e.scheduler.block_manager for r in replicas for e in r.engines]
     return {"offloaded_blocks": sum(p.offloaded_blocks for p in pools),
-            "loaded_blocks": sum(p.loaded_blocks for p in pools), "load_s": sum(r.load_s for r in replicas)}
+            "loaded_blocks": sum(p.loaded_blocks for p in pools),
+            "load_s": sum(p.loaded_blocks * p.load_s_per_block for p in pools)}
 
 
 @contextmanager

@@ -110,7 +110,6 @@ class Replica:
         self.finished_requests = 0
         self.output_tokens = 0
         self.busy_s = 0.0
-        self.load_s = 0.0  # of its steps' busy time, loading KV blocks from a host tier (tiered_pool.py)
         for engine in self.engines:
             engine.loop = self._run(engine)
             engine.process = env.process(engine.loop)
@@ -167,7 +166,8 @@ class Replica:
         env, scheduler, timer = self.env, engine.scheduler, self.timer
         follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
         # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
-        tier = scheduler.block_manager if isinstance(getattr(scheduler, "block_manager", None), TieredBlockPool) else None
+        pool = getattr(scheduler, "block_manager", None)
+        tier = pool if isinstance(pool, TieredBlockPool) else None
         cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():
@@ -193,9 +193,7 @@ class Replica:
                     timer.now = now
                 step_s = timer.step(out.chunks) + cold_s
                 if tier is not None:
-                    load_s = tier.take_load_s()
-                    self.load_s += load_s
-                    step_s += load_s
+                    step_s += tier.take_load_s()
                 cold_s = 0.0
                 if timer.times_shape_changes:
                     tokens = out.num_batched_tokens

@@ -94,30 +94,24 @@ def simulate_pools(config: SimConfig, workload: Workload, cost_model: CostModel 
     each pool's."""
     sample_every_s = config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES
     prefill_config, decode_config = config.pool_configs()
-    setups = {}
-    for name, pool in (("decode", decode_config), ("prefill", prefill_config)):
-        model, accelerator, plan = pool.check()
-        if name == "prefill" and pool.hardware == decode_config.hardware:
-            costs = setups["decode"].cost_model
-        elif name == "decode" and cost_model is not None:
-            costs = cost_model
-        else:
-            costs = CostModel.load(pool.hardware, profile=pool.profile, hardware_file=pool.hardware_file)
+
+    def setup(pool: SimConfig, costs: CostModel | None) -> FleetSetup:
+        model, _, plan = pool.check()
+        costs = costs or CostModel.load(pool.hardware, profile=pool.profile, hardware_file=pool.hardware_file)
         if costs.engine is None:
             costs.use_engine(config.engine_profile(), pool.max_num_seqs, pool.max_num_batched_tokens)
-        setups[name] = FleetSetup(pool, model, plan, costs, None, bulk_decodes, exact_block_keys, sample_every_s)
-    prefill, decode = setups["prefill"], setups["decode"]
+        return FleetSetup(pool, model, plan, costs, None, bulk_decodes, exact_block_keys, sample_every_s)
+
+    decode = setup(decode_config, cost_model)
+    prefill = setup(prefill_config, decode.cost_model if prefill_config.hardware == decode_config.hardware else None)
     with cyclic_gc_paused():
         on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
-        record, figures = simulate_disaggregated(prefill, decode, config.kv_transfer_gbps, config.kv_transfer_latency_s,
-                                                 workload.requests, on_done)
+        record, figures = simulate_disaggregated(prefill, decode, workload.requests, on_done)
         if progress is not None:
             progress(len(workload), len(workload))
         requests = record.recorder.requests_frame()
         timeseries = record.recorder.timeseries_frame()
         summary = summarize(config, decode.cost_model.accelerator, decode.cost_model, decode.plan, record, requests,
-                            timeseries, disaggregation=lambda duration: pool_figures(
-                                prefill, decode, figures, duration, config.kv_transfer_gbps,
-                                config.kv_transfer_latency_s))
+                            timeseries, disaggregation=lambda seconds: pool_figures(prefill, decode, figures, seconds))
     return SimResult(config, summary, requests, timeseries, decode.plan)
 

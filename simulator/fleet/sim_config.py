@@ -11,7 +11,7 @@ import math
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
@@ -47,6 +47,20 @@ def parse_slos(text: str) -> dict[str, float]:
             raise ValueError(f"SLO {item!r} is not metric=limit, e.g. ttft_p99=2s")
         slos[key.strip()] = parse_duration(value)
     return slos
+
+
+def parse_pools(text: str) -> tuple[int, int]:
+    """'2:6' -> (prefill replicas, decode replicas); ValueError naming the fix for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+        raise ValueError(f"disaggregate={text!r}: write P:D, prefill and decode replicas, each at least 1, e.g. 2:6")
+    return int(match.group(1)), int(match.group(2))
+
+
+def validation_items(exc: ValidationError) -> list[tuple[str, str]]:
+    """A SimConfig error as (field path, message) pairs, pydantic's "Value error, " prefix dropped
+    (the field path is empty for the config as a whole)."""
+    return [(".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")) for err in exc.errors()]
 
 
 def check_slos(value: dict[str, float]) -> dict[str, float]:
@@ -248,13 +262,7 @@ class SimConfig(BaseModel):
     def pools(self) -> tuple[int, int] | None:
         """(prefill replicas, decode replicas) of a disaggregated fleet, None for a co-located one;
         ValueError for a malformed disaggregate."""
-        if self.disaggregate is None:
-            return None
-        match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", self.disaggregate)
-        if not match or min(int(match.group(1)), int(match.group(2))) < 1:
-            raise ValueError(f"disaggregate={self.disaggregate!r}: write P:D, prefill and decode replicas, each at "
-                             "least 1, e.g. 2:6")
-        return int(match.group(1)), int(match.group(2))
+        return None if self.disaggregate is None else parse_pools(self.disaggregate)
 
     def pool_configs(self) -> tuple["SimConfig", "SimConfig"]:
         """A disaggregated fleet's (prefill pool, decode pool) as fleets of their own."""
@@ -274,9 +282,14 @@ class SimConfig(BaseModel):
         return self.tp * self.pp * self.replicas
 
     @property
+    def num_replicas(self) -> int:
+        """Replicas of the fleet, every pool's."""
+        return sum(self.pools()) if self.disaggregate is not None else self.replicas
+
+    @property
     def num_engines(self) -> int:
-        """Virtual engines of the fleet (pp per replica), every pool's."""
-        return self.pp * (sum(self.pools()) if self.disaggregate is not None else self.replicas)
+        """Virtual engines of the fleet (pp per replica)."""
+        return self.pp * self.num_replicas
 
     def usd_per_hour(self) -> float | None:
         """What the fleet's GPUs cost an hour (every pool's); None where an accelerator has no price."""

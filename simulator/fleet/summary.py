@@ -179,10 +179,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
     busy = record.busy_s / config.num_engines
     peak = cost_model.peak_flops(config.compute_dtype)
-    if config.disaggregate is not None:
-        usd_per_hour = config.usd_per_hour()  # its pools' accelerators may differ
-    else:
-        usd_per_hour = accelerator.price_per_hour_usd * gpus if accelerator.price_per_hour_usd is not None else None
+    usd_per_hour = config.usd_per_hour()  # every pool's accelerators, priced each
     usd = usd_per_hour * duration / 3600.0 if usd_per_hour is not None else None
     per_million = usd is not None and output_tokens > 0
     kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
@@ -191,7 +188,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     ttft, tpot, e2e = (Distribution(**distribution(finished[c])) for c in ("ttft_s", "tpot_s", "e2e_s"))
     return RunSummary(
         model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp,
-        replicas=sum(config.pools()) if config.disaggregate is not None else config.replicas,
+        replicas=config.num_replicas,
         quant=config.quant, compute_dtype=config.compute_dtype, kv_dtype=config.cache_dtype,
         scheduler=config.scheduler, router=config.router,
         num_requests=int(len(requests)), num_finished=int(len(finished)), num_rejected=int(len(rejected)),

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
-from simulator.fleet.sim_config import SimConfig
+from simulator.fleet.sim_config import SimConfig, parse_pools
 from simulator.workload.requests import Workload
 
 
@@ -89,8 +89,7 @@ class PlanSpec:
         """The fleet of `replicas` of the candidate (disaggregated: replicas x its P:D pools)."""
         fields = {k: v for k, v in asdict(candidate).items() if v is not None}
         if candidate.disaggregate:
-            prefill, decode = SimConfig(model=self.model, hardware=candidate.hardware,
-                                        disaggregate=candidate.disaggregate).pools()
+            prefill, decode = parse_pools(candidate.disaggregate)
             fields["disaggregate"], replicas = f"{replicas * prefill}:{replicas * decode}", 1
         return SimConfig(model=self.model, replicas=replicas, slo=self.slo, seed=self.seed, **fields, **self.knobs)
 

@@ -2,8 +2,8 @@
 
 One builder for `servecast plan` and the app's plan page, so both plan the same candidates in the
 same order: accelerator, then weight precision, TP, PP, speculation, expert placement,
-prefill/decode disaggregation and the host KV tier, the last varying fastest. Expert parallelism only differs from TP over more than one rank, so an
-expert-parallel candidate at TP 1 is left out.
+prefill/decode disaggregation and the host KV tier, the last varying fastest. Expert parallelism
+only differs from TP over more than one rank, so an expert-parallel candidate at TP 1 is left out.
 """
 
 from __future__ import annotations

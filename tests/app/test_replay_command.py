@@ -168,10 +168,10 @@ def test_the_deployment_names_the_catalog_model_of_the_weights_a_card_serves() -
     from app.replay_command import deployment_of
 
     card = {"data": [{"id": "chat", "root": "meta-llama/Llama-3.1-8B-Instruct", "max_model_len": 4096}]}
-    assert deployment_of("hardware=h100-sxm", card, "chat") == {"hardware": "h100-sxm", "model": "llama-3.1-8b"}
-    assert deployment_of("", {"data": [{"id": "chat"}]}, "chat") is None  # nothing known: nothing recorded
+    assert deployment_of({"hardware": "h100-sxm"}, card, "chat") == {"hardware": "h100-sxm", "model": "llama-3.1-8b"}
+    assert deployment_of({}, {"data": [{"id": "chat"}]}, "chat") is None  # nothing known: nothing recorded
     reported = {"data": [{"id": "demo", "deployment": {"model": "servecast-demo", "hardware": "cpu-local", "tp": 1}}]}
-    assert deployment_of("tp=2", reported, "demo") == {"model": "servecast-demo", "hardware": "cpu-local", "tp": 2}
+    assert deployment_of({"tp": 2}, reported, "demo") == {"model": "servecast-demo", "hardware": "cpu-local", "tp": 2}
 
 
 def test_a_warm_up_leaves_nothing_a_later_replay_could_hit(server) -> None:
