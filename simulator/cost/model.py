@@ -282,9 +282,10 @@ class CostModel:
     def predict_all_reduce(self, nbytes: int, world: int) -> Prediction:
         return self.source("all_reduce", (world,)).predict(nbytes)
 
-    def predict_all_to_all(self, nbytes: int, world: int) -> Prediction:
-        """One all-to-all in which each rank sends nbytes in all (an even share to every rank)."""
-        return self.source("all_to_all", (world,)).predict(nbytes)
+    def predict_collective(self, kind: str, nbytes: int, world: int) -> Prediction:
+        """all_to_all (each rank sends nbytes in all, an even share to every rank) or kv_ring (each
+        rank sends nbytes to the next, context parallelism's ring hop)."""
+        return self.source(kind, (world,)).predict(nbytes)
 
     def predict_moe_experts(self, rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,
                             weight_dtype: str | None = None) -> Prediction:

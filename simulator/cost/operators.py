@@ -191,6 +191,12 @@ def all_to_all(cm: "CostModel", world: int) -> Source:
     return _collective(cm, "all_to_all", world, lambda nbytes: (world - 1) / world * nbytes)
 
 
+def kv_ring(cm: "CostModel", world: int) -> Source:
+    """One hop of context parallelism's ring: every rank sends nbytes to the next rank and receives
+    as many from the one before, at once, so each link carries nbytes (engine/context_parallel.py)."""
+    return _collective(cm, "kv_ring", world, lambda nbytes: nbytes)
+
+
 def moe_dispatch(cm: "CostModel", num_experts: int, top_k: int, hidden: int, dtype: str) -> Source:
     """Router scores, top-k, grouping the (token, expert) rows by expert and the weighted sum back
     (engine/moe.py without the experts): measured where profiled, otherwise the router GEMM and
@@ -269,6 +275,6 @@ def kv_dequant_timer(cm: "CostModel", kv_dtype: str | None, kv_heads: int, head_
 BUILDERS: dict[str, Callable[..., Source | None]] = {
     "gemm": gemm, "attention_prefill": attention_prefill, "attention_decode": attention_decode,
     "attention_verify": attention_verify, "elementwise": elementwise, "kv_write": kv_write, "sample": sample,
-    "all_reduce": all_reduce, "all_to_all": all_to_all, "moe_dispatch": moe_dispatch, "moe_experts": moe_experts,
+    "all_reduce": all_reduce, "all_to_all": all_to_all, "kv_ring": kv_ring, "moe_dispatch": moe_dispatch, "moe_experts": moe_experts,
     "step_overhead": step_overhead,
 }

@@ -38,6 +38,8 @@ Operators and their keys (times are medians, in seconds, of one call on one shar
                      operators above leave out (framework overhead per step and per layer) on these
   all_reduce         nbytes, world
   send_recv          nbytes
+  kv_ring            nbytes, world: one hop of context parallelism's ring, every rank sending
+                     nbytes to the next at once
 
 `peaks` are the device's measured best matmul rate (FLOP/s) and copy bandwidth (bytes/s);
 `bandwidth_by_size` (optional) is the read bandwidth measured over working sets of several sizes
@@ -86,6 +88,8 @@ OP_KEYS: dict[str, tuple[str, ...]] = {
     "moe_experts": ("rows", "active", "hidden", "ffn", "dtype"),
     "moe_dispatch": ("tokens", "experts", "top_k", "hidden", "dtype"),
     "all_to_all": ("nbytes", "world"),
+    # Context parallelism's ring hop (engine/context_parallel.py): every rank sends nbytes to the next.
+    "kv_ring": ("nbytes", "world"),
 }
 
 

@@ -98,7 +98,7 @@ def series_key(m: Measurement) -> tuple[tuple | None, int]:
         return ("step_overhead",), p["batch"]
     if m.op == "idle_wakeup":
         return ("idle_wakeup",), p["idle_ms"]
-    if m.op in ("all_reduce", "all_to_all"):
+    if m.op in ("all_reduce", "all_to_all", "kv_ring"):
         return (m.op, p["world"]), p["nbytes"]
     if m.op == "moe_experts":
         return ("moe_experts", p["active"], p["hidden"], p["ffn"], canonical_dtype(p["dtype"])), p["rows"]
