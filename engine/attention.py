@@ -57,6 +57,11 @@ class AttentionMetadata:
     prefills: list[PrefillSlice] = field(default_factory=list)
     verify: VerifyBatch | None = None
 
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+                  window: int | None, scale: float) -> torch.Tensor:
+        """The layer's attention under this metadata (context parallelism's has its own)."""
+        return paged_attention(q, k, v, cache, layer, self, window, scale)
+
 
 def build_metadata(slots: list[int], chunks: list[tuple[int, int, list[int]]], block_size: int,
                    windows: set[int | None], device: torch.device,

@@ -270,10 +270,20 @@ class EngineConfig:
     # Mixture-of-experts models under tensor parallelism: whole experts per rank, tokens exchanged
     # with all-to-all (engine/moe.py), instead of a slice of every expert.
     expert_parallel: bool = False
+    # Context parallelism (engine/context_parallel.py): every sequence's KV split over this many
+    # ranks by position, one process each; prefills attend by ring attention, decodes each over
+    # their rank's shard. The block manager's block is then block_size tokens per rank.
+    context_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.context_parallel_size < 1:
+            raise ValueError(f"context_parallel_size must be at least 1, got {self.context_parallel_size}")
+        if self.context_parallel_size > 1 and self.tensor_parallel_size > 1:
+            raise ValueError(f"context_parallel_size={self.context_parallel_size} with tensor_parallel_size="
+                             f"{self.tensor_parallel_size}: the engine runs one of them at a time (context "
+                             "parallelism composes with tensor_parallel_size=1 only): set one of them to 1")
         if self.kv_cache_dtype not in (None, "int8", "fp8"):
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use int8, fp8 or None")
         if self.quantization is not None:
@@ -312,7 +322,14 @@ class EngineConfig:
             num_lookahead_tokens=self.num_speculative_tokens if self.speculative_method else 0,
         )
 
+    @property
+    def scheduled_block_size(self) -> int:
+        """Tokens per block as the block manager counts them: under context parallelism a block is
+        block_size tokens on each rank (vLLM's decode context parallelism's virtual block)."""
+        return self.block_size * self.context_parallel_size
+
     def block_bytes(self, model: ModelConfig) -> int:
+        """Bytes of one rank's part of a block (a whole block without context parallelism)."""
         if self.kv_cache_dtype is None:
             return self.block_size * model.kv_bytes_per_token(dtype_bytes(self.dtype))
         # A byte per value, plus one scale (in the model's dtype) per token, KV head and K or V.
@@ -327,7 +344,7 @@ class EngineConfig:
             budget = self.kv_cache_memory_bytes
             if budget is None:
                 # Default: never more than every sequence slot at full length needs.
-                full = self.max_num_seqs * math.ceil(self.resolve_max_model_len(model) / self.block_size)
+                full = self.max_num_seqs * math.ceil(self.resolve_max_model_len(model) / self.scheduled_block_size)
                 num_blocks = min(self.default_kv_cache_memory_bytes // self.block_bytes(model), full)
             else:
                 num_blocks = budget // self.block_bytes(model)
@@ -335,4 +352,4 @@ class EngineConfig:
                     raise ValueError(
                         f"a KV byte budget of {budget} bytes holds no block of {self.block_bytes(model)} "
                         "bytes: raise kv_cache_memory_bytes or lower block_size")
-        return CacheConfig(self.block_size, num_blocks, self.enable_prefix_caching)
+        return CacheConfig(self.scheduled_block_size, num_blocks, self.enable_prefix_caching)

@@ -25,7 +25,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.spec_decode import SpecStats
 from engine.tp_shard import shard_config
-from engine.tp_workers import TPWorkers, start_tensor_parallel
+from engine.tp_workers import TPWorkers, start_ranks
 from engine.weights import build_decoder, read_safetensors_dir
 
 
@@ -52,7 +52,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.scheduler_config = config.scheduler_config(model_config)
-        world = config.tensor_parallel_size
+        world = config.tensor_parallel_size  # the model's shards (context parallel ranks hold it whole)
         if config.expert_parallel:
             if not model_config.num_experts:
                 raise ValueError("expert_parallel needs a mixture-of-experts model; this one is dense: "
@@ -64,15 +64,16 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config, model_config.eos_token_ids)
 
         self.tp_workers: TPWorkers | None = None
-        if world == 1:
+        if world * config.context_parallel_size == 1:
             self.model = self._build_model(model_config, state_dict, random_seed)
+            self.runner = ModelRunner(self.model, shard, self.cache_config, self.device, self.dtype,
+                                      config.kv_cache_dtype)
         else:
-            self.model, self.tp_workers = start_tensor_parallel(
+            self.runner, self.tp_workers = start_ranks(
                 model_config, config, self.cache_config, self.scheduler_config.max_model_len, self.device,
                 state_dict, random_seed)
+            self.model = self.runner.model
             self._finalizer = weakref.finalize(self, self.tp_workers.close)
-        self.runner = ModelRunner(self.model, shard, self.cache_config, self.device, self.dtype,
-                                  config.kv_cache_dtype)
         self.proposer: NgramProposer | DraftModelProposer | None = None
         if config.speculative_method == "ngram":
             self.proposer = NgramProposer(config.ngram_min, config.ngram_max)
@@ -113,7 +114,7 @@ class LLMEngine:
         return [m.expert_load.tolist() for m in self.model.modules() if isinstance(m, SparseMoE)]
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks' processes (also done when the engine is collected)."""
+        """Stop the other tensor- or context-parallel ranks' processes (also done when the engine is collected)."""
         if self.tp_workers is not None:
             self._finalizer()
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention
+from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)
-        out = paged_attention(q, k, v, cache, self.layer, meta, self.window, self.scale)
+        out = meta.attention(q, k, v, cache, self.layer, self.window, self.scale)
         out = self.o_proj(out.reshape(-1, self.q_size))
         return out if self.group is None else self.group.all_reduce(out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -9,6 +10,7 @@ import torch
 
 from engine.attention import AttentionMetadata, build_metadata
 from engine.config import CacheConfig, ModelConfig
+from engine.context_parallel import CPRank, gather_rows, local_step
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
 from engine.sampler import sample
@@ -30,12 +32,18 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, model_config: ModelConfig, cache_config: CacheConfig,
-                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str | None = None) -> None:
+                 device: torch.device, dtype: torch.dtype, kv_cache_dtype: str | None = None,
+                 cp: CPRank | None = None) -> None:
+        """cp: this rank of a context-parallel engine (its cache holds cp.block_size positions of
+        each of the block manager's blocks)."""
         self.model = model
         self.config = model_config
         self.device = device
         self.dtype = dtype
         self.block_size = cache_config.block_size
+        self.cp = cp
+        if cp is not None:
+            cache_config = dataclasses.replace(cache_config, block_size=cp.block_size)
         self.cache = KVCache(model_config, cache_config, dtype, device, kv_cache_dtype)
         self.windows = set(model_config.sliding_windows)
 
@@ -80,12 +88,20 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan) -> torch.Tensor | None:
         """One forward over the plan's packed tokens; logits (float32, whole vocabulary) of its
-        plan.logit_rows(), in that order, in one LM-head GEMM (None when it needs none)."""
-        inputs = plan.tensors(self.block_size, self.windows, self.device)
+        plan.logit_rows(), in that order, in one LM-head GEMM (None when it needs none, and on
+        context-parallel ranks other than 0)."""
+        if self.cp is not None:
+            local = local_step(plan, self.cp, self.windows, self.device)
+            inputs = local.inputs
+        else:
+            inputs = plan.tensors(self.block_size, self.windows, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.cache)
         rows = plan.logit_rows()
         if not rows:
             return None
+        if self.cp is not None:
+            hidden = gather_rows(hidden, local, rows, self.cp.group)
+            return self.model.compute_logits(hidden) if self.cp.rank == 0 else None
         return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
 
 

@@ -1,4 +1,5 @@
-"""The collectives of one tensor-parallel model: gloo between CPU processes, NCCL between GPUs.
+"""The collectives of one tensor- or context-parallel model: gloo between CPU processes, NCCL
+between GPUs.
 
 The process group is built directly on a TCPStore rather than through init_process_group, so it
 is an object the model holds, not process-wide state: two engines in one process (a TP=1 and a
@@ -62,3 +63,11 @@ class TPGroup:
         out = torch.empty((sum(recv_counts),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
         self.group.alltoall_base(out, send, recv_counts, send_counts).wait()
         return out.to(x.dtype) if wide else out
+
+    def start_ring_pass(self, send: torch.Tensor, recv: torch.Tensor) -> list:
+        """Start sending `send` to the next rank and receiving `recv` (same shape) from the one
+        before; returns the works to wait on. Even ranks post their send first and odd ranks their
+        receive, so a ring of blocking sends and receives cannot deadlock."""
+        after, before = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        ops = [lambda: self.group.send([send], after, 0), lambda: self.group.recv([recv], before, 0)]
+        return [op() for op in (ops if self.rank % 2 == 0 else ops[::-1])]

@@ -1,11 +1,13 @@
-"""The ranks of a tensor-parallel engine: the engine's own process is rank 0, and it starts one
-process for each other rank.
+"""The ranks of a tensor- or context-parallel engine: the engine's own process is rank 0, and it
+starts one process for each other rank.
 
 Rank 0 keeps everything that decides (scheduler, block manager, sampling, drafts); each step it
-sends every other rank the step's plan (plain lists: tokens, positions, KV slots, chunks), and all
-ranks run the same forward over their shard, summing partial results and gathering logits over
-their TPGroup. Block tables are rank 0's, so every rank's KV cache holds its heads of the same
-slots.
+sends every other rank the step's plan (plain lists: tokens, positions, KV slots, chunks). Under
+tensor parallelism all ranks run the same forward over their shard of the weights, summing partial
+results and gathering logits over their TPGroup; every rank's KV cache holds its heads of the same
+slots. Under context parallelism every rank holds the whole model and runs the forward of its
+share of the step's tokens (engine/context_parallel.py); its cache holds its positions of the
+same blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.context_parallel import CPRank
 from engine.model import DecoderModel
 from engine.runner import TORCH_DTYPES, ModelRunner, StepPlan
 from engine.tp_group import TPGroup
@@ -51,15 +54,31 @@ def rank_device(device: torch.device, rank: int, world: int) -> torch.device:
         return device
     first = device.index or 0
     if torch.cuda.device_count() < first + world:
-        raise ValueError(f"tensor_parallel_size={world} from {device} needs GPUs {first}..{first + world - 1}, "
-                         f"but this machine has {torch.cuda.device_count()}: lower tensor_parallel_size")
+        raise ValueError(f"{world} ranks from {device} need GPUs {first}..{first + world - 1}, "
+                         f"but this machine has {torch.cuda.device_count()}: lower tensor_parallel_size or context_parallel_size")
     return torch.device("cuda", first + rank)
 
 
-def build_shard(spec: RankSpec, state: dict[str, torch.Tensor], group: TPGroup) -> DecoderModel:
+def context_parallel(config: EngineConfig) -> bool:
+    return config.context_parallel_size > 1
+
+
+def rank_runner(spec: RankSpec, model: DecoderModel, group: TPGroup) -> ModelRunner:
+    """The rank's runner: its KV cache, and under context parallelism its place in the ring."""
     config = spec.engine_config
-    model = DecoderModel(shard_config(spec.model_config, spec.world), spec.max_positions, group,
-                         spec.model_config.vocab_size)
+    cp = CPRank(spec.rank, spec.world, config.block_size, group) if context_parallel(config) else None
+    return ModelRunner(model, model.config, spec.cache_config, torch.device(spec.device), TORCH_DTYPES[config.dtype],
+                       config.kv_cache_dtype, cp)
+
+
+def build_shard(spec: RankSpec, state: dict[str, torch.Tensor], group: TPGroup) -> DecoderModel:
+    """The rank's model: its tensor-parallel shard, or the whole model under context parallelism."""
+    config = spec.engine_config
+    if context_parallel(config):
+        model = DecoderModel(spec.model_config, spec.max_positions)
+    else:
+        model = DecoderModel(shard_config(spec.model_config, spec.world), spec.max_positions, group,
+                             spec.model_config.vocab_size)
     model.load_state_dict(state)
     return model.prepare(torch.device(spec.device), TORCH_DTYPES[config.dtype], config.quantization,
                          config.quant_group_size, config.pack_cpu_weights)
@@ -82,17 +101,17 @@ class TPWorkers:
             deadline = time.monotonic() + timeout_s
             while not conn.poll(0.05) and process.is_alive():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"tensor-parallel rank {rank} did not start within {timeout_s:.0f} s")
+                    raise RuntimeError(f"rank {rank} did not start within {timeout_s:.0f} s")
             try:
                 status, detail = conn.recv()
             except EOFError:  # the process is gone without a word
                 process.join(timeout=5)
                 raise RuntimeError(
-                    f"tensor-parallel rank {rank} exited (code {process.exitcode}) before starting; if the "
+                    f"rank {rank} exited (code {process.exitcode}) before starting; if the "
                     "engine is built in a script, build it under `if __name__ == '__main__':` (each rank is "
                     "a spawned process that imports the script)") from None
             if status != wanted:
-                raise RuntimeError(f"tensor-parallel rank {rank} failed to start: {detail}")
+                raise RuntimeError(f"rank {rank} failed to start: {detail}")
 
     def close(self) -> None:
         for conn in self.conns:
@@ -110,16 +129,19 @@ class TPWorkers:
         self.conns, self.processes = [], []
 
 
-def start_tensor_parallel(model_config: ModelConfig, engine_config: EngineConfig, cache_config: CacheConfig,
-                          max_positions: int, device: torch.device, state_dict: dict[str, torch.Tensor] | None,
-                          seed: int) -> tuple[DecoderModel, TPWorkers]:
-    """Start ranks 1..world-1 and build rank 0's shard; returns rank 0's model and the workers."""
-    world = engine_config.tensor_parallel_size
+def start_ranks(model_config: ModelConfig, engine_config: EngineConfig, cache_config: CacheConfig,
+                max_positions: int, device: torch.device, state_dict: dict[str, torch.Tensor] | None,
+                seed: int) -> tuple[ModelRunner, TPWorkers]:
+    """Start ranks 1..world-1 and build rank 0's model; returns rank 0's runner and the workers."""
+    world = engine_config.tensor_parallel_size * engine_config.context_parallel_size
     for rank in range(world):
         rank_device(device, rank, world)  # every rank's GPU exists
     # The whole model's weights, random ones seeded exactly as a TP=1 engine seeds them, so TP=1 and
     # TP=N serve the same model.
     whole = build_decoder(model_config, max_positions, state_dict, seed).state_dict()
+
+    def state_of(rank: int) -> dict[str, torch.Tensor]:
+        return whole if context_parallel(engine_config) else shard_state_dict(whole, model_config, rank, world)
     store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
                           wait_for_workers=False)
     context = mp.get_context("spawn")
@@ -128,8 +150,7 @@ def start_tensor_parallel(model_config: ModelConfig, engine_config: EngineConfig
         spec = RankSpec(rank, world, store.port, model_config, engine_config, cache_config, max_positions,
                         str(rank_device(device, rank, world)))
         parent, child = context.Pipe()
-        process = context.Process(target=run_rank, args=(spec, shard_state_dict(whole, model_config, rank, world),
-                                                         child), daemon=True)
+        process = context.Process(target=run_rank, args=(spec, state_of(rank), child), daemon=True)
         process.start()
         child.close()
         processes.append(process)
@@ -140,12 +161,12 @@ def start_tensor_parallel(model_config: ModelConfig, engine_config: EngineConfig
         # Rank 0 joins the group's rendezvous (which blocks) only once every rank runs.
         workers.wait_for("started", STARTUP_TIMEOUT_S)
         group = TPGroup(0, world, store, device)
-        model = build_shard(spec, shard_state_dict(whole, model_config, 0, world), group)
+        runner = rank_runner(spec, build_shard(spec, state_of(0), group), group)
         workers.wait_for("ready", STARTUP_TIMEOUT_S)
     except BaseException:
         workers.close()
         raise
-    return model, workers
+    return runner, workers
 
 
 def run_rank(spec: RankSpec, state: dict[str, torch.Tensor], conn: multiprocessing.connection.Connection) -> None:
@@ -161,10 +182,8 @@ def run_rank(spec: RankSpec, state: dict[str, torch.Tensor], conn: multiprocessi
         store = dist.TCPStore("127.0.0.1", spec.store_port, spec.world, False,
                               timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
         group = TPGroup(spec.rank, spec.world, store, device)
-        model = build_shard(spec, state, group)
+        runner = rank_runner(spec, build_shard(spec, state, group), group)
         del state
-        runner = ModelRunner(model, model.config, spec.cache_config, device, TORCH_DTYPES[spec.engine_config.dtype],
-                             spec.engine_config.kv_cache_dtype)
     except Exception as e:  # reported to rank 0, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
