@@ -35,6 +35,8 @@ def profile_command(
                                               "to it; default 1024): GPUs serve longer contexts"),
     quick: bool = typer.Option(False, help="a tiny grid (seconds; for smoke tests)"),
     tp: int = typer.Option(1, help="also time all-reduce across this many local processes (gloo / NCCL)"),
+    cp: int = typer.Option(1, help="also time context parallelism's ring hop (a rank's K/V to the next) and the "
+                                   "decode queries' all-reduce across this many local processes"),
     expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models under --tp: whole experts "
                                          "per rank, and time the all-to-all that feeds them"),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice); "
@@ -87,7 +89,7 @@ def profile_command(
         if out.is_dir():
             raise ValueError(f"--out {out} is a folder: give a profile file, e.g. {out / 'profile.jsonl'}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        profiler = Profiler(config, device=device, dtype=dtype, hardware=hardware, grid=grid, tp=tp)
+        profiler = Profiler(config, device=device, dtype=dtype, hardware=hardware, grid=grid, tp=tp, cp=cp)
         with progress_bar("profiling", transient=as_json) as progress:
             task = progress.add_task("profile", total=len(profiler.plan()))
             result = profiler.run(out, on_progress=lambda done, total: progress.update(task, completed=done))

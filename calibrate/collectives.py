@@ -1,8 +1,8 @@
-"""Time all-reduce and all-to-all over torch.distributed (gloo on CPU, NCCL on CUDA) across `world`
-local processes.
+"""Time all-reduce, all-to-all and the context-parallel ring's hop over torch.distributed (gloo on
+CPU, NCCL on CUDA) across `world` local processes.
 
-The profiler calls this for tensor-parallel profiles: one process group is started for all sizes,
-since starting processes costs far more than the collectives themselves.
+The profiler calls this for tensor- and context-parallel profiles: one process group is started for
+all sizes, since starting processes costs far more than the collectives themselves.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ def _worker(rank: int, world: int, port: int, op: str, sizes: list[int], device_
             def collective() -> None:
                 if op == "all_to_all":
                     dist.all_to_all_single(received, tensor)
+                elif op == "kv_ring":  # as engine/tp_group.py start_ring_pass posts them
+                    ops = [lambda: dist.isend(tensor, (rank + 1) % world), lambda: dist.irecv(received, (rank - 1) % world)]
+                    for work in [o() for o in (ops if rank % 2 == 0 else ops[::-1])]:
+                        work.wait()
                 else:
                     dist.all_reduce(tensor)
             for _ in range(3):  # warm-up: connections and buffers
@@ -67,10 +71,10 @@ def _worker(rank: int, world: int, port: int, op: str, sizes: list[int], device_
 
 def measure_collective(op: str, world: int, sizes: list[int], device_type: str = "cpu", dtype_name: str = "float32",
                        repeats: int = 10) -> dict[int, float]:
-    """Median seconds of one `op` (all_reduce, all_to_all) of each size (bytes per rank) across
-    `world` processes on this machine."""
-    if op not in ("all_reduce", "all_to_all"):
-        raise ValueError(f"cannot time collective {op!r}: use all_reduce or all_to_all")
+    """Median seconds of one `op` (all_reduce, all_to_all, kv_ring) of each size (bytes per rank)
+    across `world` processes on this machine."""
+    if op not in ("all_reduce", "all_to_all", "kv_ring"):
+        raise ValueError(f"cannot time collective {op!r}: use all_reduce, all_to_all or kv_ring")
     if world < 2:
         raise ValueError(f"an {op} needs a world of at least 2 processes, got {world}")
     if device_type == "cuda" and torch.cuda.device_count() < world:

@@ -89,7 +89,7 @@ class ProfileGrid:
 
 
 def profile_plan(model: ModelConfig, grid: ProfileGrid, dtype: str, tp: int,
-                 element_bytes: int) -> list[tuple[str, dict]]:
+                 element_bytes: int, cp: int = 1) -> list[tuple[str, dict]]:
     """(op, params) of every measurement, in order."""
     c, g, d = model, grid, dtype
     plan: list[tuple[str, dict]] = []
@@ -176,6 +176,13 @@ def profile_plan(model: ModelConfig, grid: ProfileGrid, dtype: str, tp: int,
             for m in g.tokens:
                 rows = -(-m // tp) * c.experts_per_token
                 plan.append(("all_to_all", dict(nbytes=rows * (c.hidden_size + 1) * element_bytes, world=tp)))
+    if cp > 1:
+        # Ring attention's hop (engine/ring_attention.py): a rank's K and V of a sequence of each
+        # context, one layer's, to the next rank; and the decodes' queries gathered by all-reduce.
+        for context in g.kv_gather_tokens:
+            plan.append(("kv_ring", dict(nbytes=-(-context // cp) * 2 * c.kv_size * element_bytes, world=cp)))
+        for m in g.tokens:
+            plan.append(("all_reduce", dict(nbytes=m * c.q_size * element_bytes, world=cp)))
     return plan
 
 

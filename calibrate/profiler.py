@@ -33,10 +33,13 @@ from simulator.cost.profile_format import Measurement, Profile
 
 class Profiler:
     def __init__(self, model: ModelConfig, device: str = "cpu", dtype: str = "float32", hardware: str | None = None,
-                 grid: ProfileGrid | None = None, tp: int = 1) -> None:
-        if tp < 1:
-            raise ValueError(f"tp must be at least 1, got {tp}")
-        self.tp = tp
+                 grid: ProfileGrid | None = None, tp: int = 1, cp: int = 1) -> None:
+        if tp < 1 or cp < 1:
+            raise ValueError(f"tp and cp must be at least 1, got tp={tp}, cp={cp}")
+        if tp > 1 and cp > 1:
+            raise ValueError("profile one of --tp and --cp at a time (the engine runs context parallelism "
+                             "with tensor_parallel_size=1 only)")
+        self.tp, self.cp = tp, cp
         # Under tensor parallelism every rank runs the same shard: its operators are what a TP=tp
         # step costs, plus the all-reduces timed across tp processes.
         self.model = model if tp == 1 else shard_config(model, tp)
@@ -55,7 +58,7 @@ class Profiler:
     # -- the grid -----------------------------------------------------------------------------
     def plan(self) -> list[tuple[str, dict]]:
         """(op, params) of every measurement, in order (calibrate/profile_plan.py)."""
-        return profile_plan(self.model, self.grid, self.dtype, self.tp, self.torch_dtype.itemsize)
+        return profile_plan(self.model, self.grid, self.dtype, self.tp, self.torch_dtype.itemsize, self.cp)
 
     def _attention_shapes(self) -> list[dict]:
         """The attention head layouts the plan times (profile_plan.attention_shapes)."""
@@ -89,11 +92,11 @@ class Profiler:
         for group in _groups(plan):
             todo = [(op, params) for op, params in group if Measurement.make(op, 1.0, **params).key not in done]
             times: dict[int, list[float]] = {i: [] for i in range(len(todo))}
-            if todo and todo[0][0] in ("all_reduce", "all_to_all"):
+            if todo and todo[0][0] in ("all_reduce", "all_to_all", "kv_ring"):
                 from calibrate.collectives import measure_collective
 
-                measured = measure_collective(todo[0][0], self.tp, [p["nbytes"] for _, p in todo], self.device.type,
-                                              str(self.torch_dtype).removeprefix("torch."))
+                measured = measure_collective(todo[0][0], todo[0][1]["world"], [p["nbytes"] for _, p in todo],
+                                              self.device.type, str(self.torch_dtype).removeprefix("torch."))
                 times = {i: [measured[p["nbytes"]]] for i, (_, p) in enumerate(todo)}
                 todo_passes = 0
             else:

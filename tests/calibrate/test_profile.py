@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from calibrate.fitting import fit_framework, load_cost_model
 
 import pytest
@@ -110,6 +112,27 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
         Profiler(ModelConfig.from_hf(TINY), tp=0)
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
         Profiler(ModelConfig.from_hf(TINY), tp=3)
+
+
+def test_context_parallel_profile_times_the_ring_hop_and_the_cost_model_reads_it(tmp_path) -> None:
+    path = tmp_path / "cp2.jsonl"
+    grid = dataclasses.replace(ProfileGrid.quick(), kv_gather_tokens=(64, 4096))
+    profile = Profiler(ModelConfig.from_hf(TINY), grid=grid, cp=2).run(path)
+    ring = profile.of("kv_ring")
+    kv_size = 2 * 16  # 2 KV heads x head_dim 16
+    # A rank's half of the context, K and V, float32.
+    assert sorted(m.get("nbytes") for m in ring) == [32 * 2 * kv_size * 4, 2048 * 2 * kv_size * 4]
+    assert {m.get("world") for m in ring} == {2} and {m.get("world") for m in profile.of("all_reduce")} == {2}
+    model = load_cost_model("cpu-local", profile=path)
+    small, large = sorted(ring, key=lambda m: m.get("nbytes"))
+    p = model.predict_collective("kv_ring", small.get("nbytes"), 2)
+    assert p.provenance == "measured" and p.time_s == pytest.approx(small.time_s)
+    assert model.predict_collective("kv_ring", (small.get("nbytes") + large.get("nbytes")) // 2, 2).provenance \
+        == "interpolated"
+    # The operators are the whole model's: every rank holds it.
+    assert {(m.get("n"), m.get("k")) for m in profile.of("gemm") if m.name == "qkv_proj"} == {((4 + 2 * 2) * 16, 64)}
+    with pytest.raises(ValueError, match="one of --tp and --cp"):
+        Profiler(ModelConfig.from_hf(TINY), tp=2, cp=2)
 
 
 def test_moe_profile_times_experts_dispatch_and_all_to_all_and_the_cost_model_reads_them(tmp_path) -> None:
