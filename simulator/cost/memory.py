@@ -1,15 +1,21 @@
 """Memory planning of one replica: weights, activation peak and runtime reserve per GPU, and the
 KV-cache blocks that fit in the rest. No torch.
 
-Per GPU of a replica with tensor parallelism tp and pipeline parallelism pp:
+Per GPU of a replica with tensor parallelism tp, pipeline parallelism pp and context parallelism cp:
 
     usable      = memory x gpu_memory_utilization
     weights     = the largest pipeline stage's parameters / tp x bytes per weight (quantization scales included)
     activations = a forward over max_num_batched_tokens tokens (hidden states, qkv, MLP, logits of
                   the sampled rows), as vLLM's profiling run measures it
     reserve     = runtime context, collective buffers and graph captures (RUNTIME_RESERVE_BYTES,
-                  + COLLECTIVE_RESERVE_BYTES under tp or pp > 1)
+                  + COLLECTIVE_RESERVE_BYTES under tp, pp or cp > 1)
     kv          = usable - weights - activations - reserve  ->  blocks of block_size tokens
+
+Context parallelism (engine/context_parallel.py) replicates the weights on each of its cp ranks
+and splits every sequence's KV over them by position: a rank's memory is planned as at cp=1, and
+the block manager's block is a virtual block of block_size x cp tokens (block_size on each rank),
+so the replica holds cp times a rank's tokens. A rank's activations are planned as at cp=1 (it
+computes about 1/cp of a step's tokens; the rest covers the K/V shards in flight round the ring).
 
 Catalog memory sizes are decimal GB (80 GB = 80e9 bytes), like the weights they are compared with.
 """
@@ -43,12 +49,25 @@ class MemoryPlan:
     reserve_bytes: float
     kv_bytes_per_token: float  # per GPU, all of its layers, K and V
     kv_bytes: float
-    block_size: int
+    block_size: int  # tokens of a block on one GPU
     num_blocks: int  # per pipeline stage group (each GPU holds its layers of every block)
+    cp: int = 1  # context-parallel ranks, each holding block_size tokens of every block
+
+    @property
+    def scheduled_block_size(self) -> int:
+        """Tokens per block as the block manager counts them: a virtual block of block_size tokens
+        on each context-parallel rank (engine/config.py EngineConfig.scheduled_block_size)."""
+        return self.block_size * self.cp
 
     @property
     def kv_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """Tokens of context the replica's KV cache holds."""
+        return self.num_blocks * self.scheduled_block_size
+
+    @property
+    def kv_bytes_per_sequence_token(self) -> float:
+        """One GPU's KV bytes per token of a sequence: a rank holds 1/cp of every sequence's tokens."""
+        return self.kv_bytes_per_token / self.cp
 
     def to_dict(self) -> dict:
         return {"memory_gb": self.memory_bytes / GB, "usable_gb": self.usable_bytes / GB,
@@ -93,10 +112,10 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int) -> flo
 def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int, weight_precision: str,
                 kv_dtype: str, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
                 max_num_seqs: int, max_model_len: int | None, memory_bytes: float | None = None,
-                draft: ModelSpec | None = None) -> MemoryPlan:
+                draft: ModelSpec | None = None, cp: int = 1) -> MemoryPlan:
     """The replica's memory plan; MemoryPlanError with the cause and a fix when it cannot serve.
     draft: a speculative-decoding draft model, whose weights and KV (a slot per target slot) share
-    the GPUs."""
+    the GPUs. cp: context-parallel ranks (the module's docstring)."""
     if memory_bytes is None:
         if accelerator.memory_gb is None:
             raise MemoryPlanError(f"{accelerator.id} has no memory size in the catalog: set num_gpu_blocks "
@@ -110,22 +129,23 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
         raise MemoryPlanError(_weights_do_not_fit(model, accelerator, weight_precision, tp, pp, usable, memory_bytes,
                                                gpu_memory_utilization))
     activations = activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
-    reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp > 1 else 0.0)
+    reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp * cp > 1 else 0.0)
     kv = usable - weights - activations - reserve
     per_token = kv_bytes_per_token(model, kv_dtype, tp, pp)
     if draft is not None:
         per_token += kv_bytes_per_token(draft, kv_dtype, tp, pp)
     num_blocks = int(max(kv, 0) // (per_token * block_size))
     # Without a stated max_model_len the replica serves whatever fits (at least one block).
-    needed = -(-max_model_len // block_size) if max_model_len is not None else 1
+    needed = -(-max_model_len // (block_size * cp)) if max_model_len is not None else 1
     if num_blocks < needed:
+        ranks = f", cp={cp}" if cp > 1 else ""
         raise MemoryPlanError(
-            f"{model.name} on {tp * pp} x {accelerator.id} (tp={tp}, pp={pp}, {weight_precision} weights) leaves "
-            f"{max(kv, 0) / GB:.1f} GB for the KV cache after {weights / GB:.1f} GB of weights and "
+            f"{model.name} on {tp * pp * cp} x {accelerator.id} (tp={tp}, pp={pp}{ranks}, {weight_precision} weights) "
+            f"leaves {max(kv, 0) / GB:.1f} GB for the KV cache after {weights / GB:.1f} GB of weights and "
             f"{(activations + reserve) / GB:.1f} GB of activations and reserve: {num_blocks} blocks, fewer than the "
-            f"{needed} one {max_model_len or block_size}-token request needs. Use a larger tp or pp, a smaller weight or KV "
-            "precision, a lower max_num_batched_tokens or a shorter max_model_len")
-    return MemoryPlan(memory_bytes, usable, weights, activations, reserve, per_token, kv, block_size, num_blocks)
+            f"{needed} one {max_model_len or block_size}-token request needs. Use a larger tp, pp or cp, a smaller "
+            "weight or KV precision, a lower max_num_batched_tokens or a shorter max_model_len")
+    return MemoryPlan(memory_bytes, usable, weights, activations, reserve, per_token, kv, block_size, num_blocks, cp)
 
 
 def _weights_do_not_fit(model: ModelSpec, accelerator: Accelerator, precision: str, tp: int, pp: int,

@@ -81,9 +81,11 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, requests: li
     prefill_router = Router(prefill.config.router, prefill_replicas)
     decode_router = Router(decode.config.router, decode_replicas)
     links = [simpy.Resource(env, capacity=1) for _ in prefill_replicas]
-    per_token_bytes = prefill.plan.kv_bytes_per_token  # one GPU's share: each rank sends its own at once
+    # One GPU's share of each prompt token: each rank sends its own at once (under the prefill
+    # pool's context parallelism, its 1/cp of the prompt).
+    per_token_bytes = prefill.plan.kv_bytes_per_sequence_token
     latency_s, bytes_per_s = prefill.config.kv_transfer_latency_s, prefill.config.kv_transfer_gbps * 1e9
-    block_size = decode.config.block_size
+    block_size = decode.plan.scheduled_block_size
     originals: dict[int, object] = {}
     handoffs: dict[int, _Handoff] = {}
     transfers: list[tuple[float, float]] = []  # (wait for the link, transfer) seconds
@@ -154,7 +156,8 @@ def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duratio
     transfers (how many, how much, how long, how long they waited for their link)."""
     def pool(setup: FleetSetup, name: str) -> dict:
         c = setup.config
-        return {"replicas": c.replicas, "hardware": c.hardware, "tp": c.tp, "quant": c.quant, "gpus": c.num_gpus,
+        return {"replicas": c.replicas, "hardware": c.hardware, "tp": c.tp, "cp": c.cp, "quant": c.quant,
+                "gpus": c.num_gpus,
                 "kv_blocks_per_replica": setup.plan.num_blocks,
                 "busy_fraction": figures["busy_s"][name] / (c.replicas * c.pp * max(duration_s, 1e-12))}
 

@@ -16,6 +16,7 @@ from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
 from simulator.catalog.models import ModelSpec
 from simulator.cost.memory import GB, MemoryPlan
+from simulator.cost.context_parallel import make_step_timer
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer, TimeSplit
 from simulator.fleet.block_pool import ExactKeyBlockPool
@@ -90,10 +91,11 @@ def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder,
                                        num_lookahead_tokens=config.num_speculative_tokens if config.speculative else 0)
     # The engine's scheduler and pool; with prefix caching, the pool's subclass that takes exact block
     # keys (simulator/workload/block_keys.py, simulator/fleet/block_pool.py) instead of hashing each
-    # block's tokens: the same decisions, a fraction of the work.
+    # block's tokens: the same decisions, a fraction of the work. Blocks are the plan's as the
+    # block manager counts them (virtual blocks under context parallelism).
     exact_keys = fleet.exact_block_keys and config.enable_prefix_caching and config.scheduler != "static"
-    cache_config = CacheConfig(config.block_size, blocks_per_engine, config.enable_prefix_caching)
-    block_keys = BlockKeys(config.block_size) if exact_keys else None
+    cache_config = CacheConfig(plan.scheduled_block_size, blocks_per_engine, config.enable_prefix_caching)
+    block_keys = BlockKeys(plan.scheduled_block_size) if exact_keys else None
     pool_class = ExactKeyBlockPool if exact_keys else None
     if config.kv_offload_gb or arrivals_elsewhere:
         if config.kv_offload_gb and not exact_keys:
@@ -109,9 +111,10 @@ def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder,
 
     weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
     if timer is None:
-        timer = StepTimer(cost_model, model, config.tp, pp, config.compute_dtype, weight_dtype, config.cache_dtype,
-                          config.block_size, expert_parallel=config.expert_parallel,
-                          routing_skew=config.routing_skew)
+        timer = make_step_timer(config.cp, cost_model=cost_model, model=model, tp=config.tp, pp=pp,
+                                dtype=config.compute_dtype, weight_dtype=weight_dtype, kv_dtype=config.cache_dtype,
+                                block_size=config.block_size, expert_parallel=config.expert_parallel,
+                                routing_skew=config.routing_skew)
     speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
     delay = cost_model.engine.output_delay_steps if cost_model.engine is not None else 0.0
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
@@ -188,8 +191,7 @@ def tiered_pool_class(config: SimConfig, plan: MemoryPlan, cost_model: CostModel
     its kv_offload_gb shared by the pp engines, each block's bytes on one GPU over its host link."""
     if not config.kv_offload_gb:
         return TieredBlockPool
-    per_block_gpu = plan.kv_bytes_per_token * config.block_size  # one GPU's share of a block
-    per_block_replica = per_block_gpu * config.tp * config.pp
+    per_block_gpu, per_block_replica = config.kv_block_bytes(plan)
     host_blocks = int(config.kv_offload_gb * GB // per_block_replica) // config.pp
     if host_blocks < 1:
         raise ValueError(f"kv_offload_gb={config.kv_offload_gb:g} holds no {per_block_replica / 1e6:.1f} MB KV block "

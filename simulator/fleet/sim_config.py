@@ -82,6 +82,12 @@ class SimConfig(BaseModel):
     profile: str | None = Field(default=None, description="servecast profile of the hardware (needed for *-local)")
     tp: int = Field(default=1, ge=1, le=64)
     pp: int = Field(default=1, ge=1, le=64)
+    # Context parallelism (simulator/cost/context_parallel.py): a replica is cp ranks of tp GPUs,
+    # the weights on every rank, each sequence's KV split over the ranks by position.
+    cp: int = Field(default=1, ge=1, le=64,
+                    description="context-parallel ranks per replica (each a TP group): a replica uses tp x pp x cp "
+                                "GPUs and holds cp times the KV tokens; prefills attend by ring attention. With "
+                                "disaggregate, both pools' unless prefill_cp gives the prefill pool's")
     replicas: int = Field(default=1, ge=1, le=4096)
     quant: WeightPrecision = Field(default="bf16", description="weight precision")
     kv_dtype: KVDtype = "auto"
@@ -135,6 +141,7 @@ class SimConfig(BaseModel):
     prefill_hardware: str | None = None
     prefill_tp: int | None = Field(default=None, ge=1, le=64)
     prefill_quant: WeightPrecision | None = None
+    prefill_cp: int | None = Field(default=None, ge=1, le=64, description="the prefill pool's cp (default: cp)")
     kv_transfer_gbps: float = Field(default=50.0, gt=0.0)
     kv_transfer_latency_s: float = Field(default=1e-3, ge=0.0)
 
@@ -168,9 +175,16 @@ class SimConfig(BaseModel):
             if self.scheduler != "continuous" or self.speculative is not None:
                 raise ValueError("disaggregation is simulated with continuous batching and without speculative "
                                  "decoding: drop the other scheduler or the speculation")
-        elif any(v is not None for v in (self.prefill_hardware, self.prefill_tp, self.prefill_quant)):
-            raise ValueError("prefill_hardware, prefill_tp and prefill_quant describe a prefill pool: give "
+        elif any(v is not None for v in (self.prefill_hardware, self.prefill_tp, self.prefill_quant, self.prefill_cp)):
+            raise ValueError("prefill_hardware, prefill_tp, prefill_quant and prefill_cp describe a prefill pool: give "
                              "disaggregate=P:D too, or drop them")
+        cp = max(self.cp, self.prefill_cp or 1)
+        if cp > 1 and self.pp > 1:
+            raise ValueError(f"context parallelism (cp={cp}) is simulated without pipeline parallelism: use pp=1 "
+                             "or cp=1")
+        if cp > 1 and self.speculative == "draft":
+            raise ValueError(f"a draft model's steps under context parallelism (cp={cp}) are not simulated: use "
+                             "speculative=ngram or cp=1")
         if self.kv_offload_gb and not self.enable_prefix_caching:
             raise ValueError("kv_offload_gb keeps evicted prefix-cache blocks: it needs enable_prefix_caching")
         if self.kv_offload_gb and self.scheduler != "continuous":
@@ -232,18 +246,20 @@ class SimConfig(BaseModel):
         draft = self.draft_spec(model)
         if self.num_gpu_blocks is not None:
             blocks = self.num_gpu_blocks
-            if self.max_model_len is not None and blocks * self.block_size < self.max_model_len:
-                raise ValueError(f"num_gpu_blocks={blocks} x block_size={self.block_size} holds fewer tokens than "
-                                 f"max_model_len={self.max_model_len}: raise num_gpu_blocks or lower max_model_len")
+            if self.max_model_len is not None and blocks * self.block_size * self.cp < self.max_model_len:
+                ranks = f" x cp={self.cp}" if self.cp > 1 else ""
+                raise ValueError(f"num_gpu_blocks={blocks} x block_size={self.block_size}{ranks} holds fewer tokens "
+                                 f"than max_model_len={self.max_model_len}: raise num_gpu_blocks or lower max_model_len")
             from simulator.cost.memory import kv_bytes_per_token
             per_token = kv_bytes_per_token(model, self.cache_dtype, self.tp, self.pp)
             plan = MemoryPlan(0.0, 0.0, 0.0, 0.0, 0.0, per_token, blocks * self.block_size * per_token,
-                              self.block_size, blocks)
+                              self.block_size, blocks, self.cp)
         else:
             plan = plan_memory(model, accelerator, tp=self.tp, pp=self.pp, weight_precision=self.quant,
                                kv_dtype=self.cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                                block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, draft=draft)
+                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, draft=draft,
+                               cp=self.cp)
         return model, accelerator, plan
 
     def draft_spec(self, model: ModelSpec) -> ModelSpec | None:
@@ -267,19 +283,31 @@ class SimConfig(BaseModel):
     def pool_configs(self) -> tuple["SimConfig", "SimConfig"]:
         """A disaggregated fleet's (prefill pool, decode pool) as fleets of their own."""
         prefill, decode = self.pools()
-        plain = {"disaggregate": None, "prefill_hardware": None, "prefill_tp": None, "prefill_quant": None}
+        plain = {"disaggregate": None, "prefill_hardware": None, "prefill_tp": None, "prefill_quant": None,
+                 "prefill_cp": None}
         own = {"hardware": self.prefill_hardware or self.hardware, "tp": self.prefill_tp or self.tp,
-               "quant": self.prefill_quant or self.quant}
+               "quant": self.prefill_quant or self.quant, "cp": self.prefill_cp or self.cp}
         if own["hardware"] != self.hardware:
             own["profile"] = None  # a profile times its own device
         return (self.model_copy(update={**plain, **own, "replicas": prefill}),
                 self.model_copy(update={**plain, "replicas": decode}))
 
     @property
+    def gpus_per_replica(self) -> int:
+        """A co-located replica's GPUs: cp ranks of pp stages of tp GPUs."""
+        return self.tp * self.pp * self.cp
+
+    @property
     def num_gpus(self) -> int:
         if self.disaggregate is not None:
             return sum(c.num_gpus for c in self.pool_configs())
-        return self.tp * self.pp * self.replicas
+        return self.gpus_per_replica * self.replicas
+
+    def kv_block_bytes(self, plan: MemoryPlan) -> tuple[float, float]:
+        """(one GPU's share, the whole replica's) bytes of one of the block manager's KV blocks:
+        under context parallelism each of the cp ranks holds block_size tokens of it."""
+        per_gpu = plan.kv_bytes_per_token * plan.block_size
+        return per_gpu, per_gpu * self.tp * self.pp * self.cp  # multiplied in this order as before cp
 
     @property
     def num_replicas(self) -> int:

@@ -88,6 +88,7 @@ class RunSummary(Mapping):
     hardware: str
     tp: int
     pp: int
+    cp: int
     replicas: int
     quant: str
     compute_dtype: str
@@ -187,7 +188,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     recorder = record.recorder
     ttft, tpot, e2e = (Distribution(**distribution(finished[c])) for c in ("ttft_s", "tpot_s", "e2e_s"))
     return RunSummary(
-        model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp,
+        model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp, cp=config.cp,
         replicas=config.num_replicas,
         quant=config.quant, compute_dtype=config.compute_dtype, kv_dtype=config.cache_dtype,
         scheduler=config.scheduler, router=config.router,
@@ -258,8 +259,8 @@ def speculation_summary(config: SimConfig, counts: list[dict]) -> dict | None:
 def offload_summary(config: SimConfig, plan: MemoryPlan, counts: dict | None, prompt_tokens: int) -> dict | None:
     if counts is None:
         return None
-    per_block = plan.kv_bytes_per_token * config.block_size * config.tp * config.pp  # one replica's
-    loaded_tokens = counts["loaded_blocks"] * config.block_size
+    per_block = config.kv_block_bytes(plan)[1]  # one replica's
+    loaded_tokens = counts["loaded_blocks"] * plan.scheduled_block_size
     return {"capacity_gb": config.kv_offload_gb, "offloaded_blocks": int(counts["offloaded_blocks"]),
             "loaded_blocks": int(counts["loaded_blocks"]), "loaded_gb": counts["loaded_blocks"] * per_block / 1e9,
             "hit_rate": loaded_tokens / prompt_tokens if prompt_tokens else 0.0, "load_s": counts["load_s"]}

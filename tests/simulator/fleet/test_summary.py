@@ -19,7 +19,7 @@ def test_the_typed_summary_reads_as_its_json() -> None:
     s = result.summary
     assert isinstance(s, RunSummary) and isinstance(s.ttft_s, Distribution)
     as_json = s.to_dict()
-    assert list(as_json)[:6] == ["model", "hardware", "tp", "pp", "replicas", "quant"]
+    assert list(as_json)[:7] == ["model", "hardware", "tp", "pp", "cp", "replicas", "quant"]
     assert "stopped_early" not in as_json
     assert dict(s) == as_json  # the mapping view is the JSON
     assert s.ttft_s.p99 == as_json["ttft_s"]["p99"] and s["tpot_s"]["mean"] == s.tpot_s.mean
