@@ -14,6 +14,8 @@ CHUNKED_PREFILL = typer.Option(True, "--chunked-prefill/--no-chunked-prefill")
 DEVICE = typer.Option("cpu")
 DTYPE = typer.Option("float32")
 TP = typer.Option(1, "--tp", help="tensor-parallel ranks (one process each; gloo on CPU, NCCL on GPUs)")
+CP = typer.Option(1, "--cp", help="context-parallel ranks (one process each): every sequence's KV split by "
+                                  "position, prefills by ring attention; with --tp 1")
 QUANTIZATION = typer.Option(None, help="weight-only quantization: int8, int4 or fp8")
 QUANT_GROUP_SIZE = typer.Option(128, help="int4 group size (32, 64, 128 or 256)")
 KV_CACHE_DTYPE = typer.Option(None, help="KV cache stored as int8 or fp8")

@@ -36,7 +36,7 @@ def generate_command(
     block_size: int = flags.BLOCK_SIZE, num_blocks: Optional[int] = flags.NUM_BLOCKS,
     max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
     prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
-    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0),
@@ -55,7 +55,7 @@ def generate_command(
         workload = DemoWorkload(num_requests, rate_per_s, length_scale, max_total_tokens, seed)
         config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
                                      chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, seed=seed,
+                                     kv_cache_dtype, seed=seed, context_parallel_size=cp,
                                      max_model_len=max_total_tokens if model is None else None)
         engine, _ = build_engine(model, config, seed)
         requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
@@ -71,7 +71,8 @@ def generate_command(
     summary["engine"] = {"model": str(model or "bundled demo llama (random weights)"),
                          "parameters": engine.model_config.num_parameters(), "device": device, "dtype": dtype,
                          "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
-                         "steps": engine.num_steps, "tensor_parallel_size": tp, "quantization": quantization,
+                         "steps": engine.num_steps, "tensor_parallel_size": tp,
+                         "context_parallel_size": cp, "quantization": quantization,
                          "kv_cache_dtype": kv_cache_dtype}
     load = engine.expert_load()
     if load:  # a mixture-of-experts model: how its router spread the rows, and the simulator's knob for it

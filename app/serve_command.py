@@ -30,7 +30,7 @@ def serve_command(
     max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
     max_model_len: Optional[int] = typer.Option(None, help="default: the model's context, 1024 for demo"),
     prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
-    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0, help="the random weights' seed, and sampling's without a request seed"),
@@ -65,7 +65,8 @@ def serve_command(
             get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
         config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
                                      chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, max_model_len=max_model_len, seed=seed)
+                                     kv_cache_dtype, max_model_len=max_model_len, seed=seed,
+                                     context_parallel_size=cp)
         client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
         facts = client.facts
         # What the simulator needs to replay this server: GET /v1/models reports it (servecast replay records it).
