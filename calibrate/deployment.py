@@ -31,6 +31,7 @@ def engine_deployment(model: str, config, num_blocks: int, max_model_len: int, h
     weights = canonical_dtype(config.dtype)
     device = "cuda" if str(config.device).startswith("cuda") else "cpu"
     return {"model": model, "hardware": hardware or f"{device}-local", "tp": config.tensor_parallel_size,
+            "cp": config.context_parallel_size,
             "quant": config.quantization or weights,
             # The engine's quantized layers compute in its dtype (fp32 on CPU), not bf16 as W8A16 GPUs do.
             "activation_dtype": weights if config.quantization else "auto",
