@@ -60,7 +60,7 @@ class RingChunk:
     local_end: int
     key_begin: int  # the chunk's sequence's keys in the travelling buffer (the same on every rank)
     key_end: int
-    masks: dict[int | None, list[torch.Tensor]] = field(default_factory=dict)  # window -> per hop [n, keys]
+    masks: dict[int | None, list[torch.Tensor]] = field(default_factory=dict)  # window -> per hop [1, 1, n, keys]
 
 
 @dataclass
@@ -140,7 +140,7 @@ def local_step(plan: StepPlan, cp: CPRank, windows: set[int | None], device: tor
         queries = torch.tensor(mine, device=device)[:, None]
         # Hop h attends the shard of rank (rank - h) mod world: it has come that far round the ring.
         hop_keys = [cp.key_positions((cp.rank - hop) % cp.world, width, device) for hop in range(cp.world)]
-        chunk.masks = {w: [_window_mask(k, queries, w) for k in hop_keys] for w in windows}
+        chunk.masks = {w: [_window_mask(k, queries, w)[None, None] for k in hop_keys] for w in windows}
         meta.ring.append(chunk)
     if ring_specs:
         meta.ring_blocks = torch.tensor(ring_blocks, dtype=torch.long, device=device)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import ring_attention
 from engine.ring_attention import combine, partial_attention
 from tests.engine.test_tensor_parallel import serve_staggered
 from tests.tiny_models import hf_greedy, hf_logits, hf_model, random_prompts
@@ -104,16 +105,23 @@ def test_a_cp_engine_holds_its_share_of_each_block() -> None:
         e.close()
 
 
-def test_partial_attentions_over_disjoint_keys_combine_into_full_attention() -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_partial_attentions_over_disjoint_keys_combine_into_full_attention(fused: bool, monkeypatch) -> None:
+    # fused: torch's CPU flash kernel (it returns the log-sum-exp); else the plain one (other devices).
+    if not fused:
+        monkeypatch.setattr(ring_attention, "_CPU_FLASH", None)
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 5, 8, generator=gen) for _ in range(3))
-    mask = torch.rand(1, 1, 5, 5, generator=gen) > 0.3
+    q = torch.randn(1, 4, 5, 8, generator=gen)
+    k, v = (torch.randn(1, 2, 6, 8, generator=gen).repeat_interleave(2, dim=1) for _ in range(2))
+    mask = torch.rand(1, 1, 5, 6, generator=gen) > 0.3
     mask[..., 0] = True  # every query sees a key
+    mask[..., 2, 1:] = False  # query 2 sees key 0 alone
     full, full_lse = partial_attention(q, k, v, mask, 0.3)
-    split = torch.zeros(5, dtype=torch.bool)
-    split[[1, 3]] = True
+    split = torch.zeros(6, dtype=torch.bool)
+    split[[0, 3]] = True
     left = partial_attention(q, k, v, mask & split, 0.3)
     right = partial_attention(q, k, v, mask & ~split, 0.3)
+    assert torch.isinf(right[1][..., 2]).all()  # query 2 sees no key on the right: it weighs nothing there
     out, lse = combine(*left, *right)
     torch.testing.assert_close(out, full)
     torch.testing.assert_close(lse, full_lse)
