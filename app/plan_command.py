@@ -52,6 +52,9 @@ def plan_command(
     quant: str = typer.Option(",".join(plan_defaults.QUANT), help="candidate weight precisions"),
     tp: str = typer.Option(",".join(map(str, plan_defaults.TP)), help="candidate tensor-parallel sizes"),
     pp: str = typer.Option(",".join(map(str, plan_defaults.PP)), help="candidate pipeline-parallel sizes"),
+    cp: str = typer.Option(",".join(map(str, plan_defaults.CP)), help="candidate context-parallel sizes (ranks per "
+                           "replica that split each sequence's KV, e.g. 1,2,4: worth it for long prompts under a "
+                           "tight TTFT; not combined with pp > 1)"),
     speculation: str = typer.Option("none", help="candidate speculative decoding: none, ngram:G:A (G draft tokens, "
                                                  "acceptance rate A) or draft:G:A:MODEL, comma-separated"),
     expert_parallel: str = typer.Option("off", "--expert-parallel", help="MoE models: candidate expert "
@@ -103,9 +106,15 @@ def plan_command(
         for split in splits:
             if split is not None:
                 parse_pools(split)  # each P:D well formed
+        sizes = parse_list(cp, int, "--cp")
+        if any(c < 1 for c in sizes):
+            raise ValueError(f"--cp sizes must be at least 1 (1: no context parallelism), got {cp!r}")
         candidates = candidate_grid(hardware_ids, parse_list(quant, str, "--quant"), parse_list(tp, int, "--tp"),
                                     parse_list(pp, int, "--pp"), options, [e == "on" for e in placements], tiers,
-                                    splits)
+                                    splits, sizes)
+        if not candidates:
+            raise ValueError("no candidate: context parallelism is not combined with pipeline parallelism, so give "
+                             "--cp 1 or --pp 1 among the sizes")
         factors = parse_list(growth, float, "--growth")
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
@@ -131,7 +140,8 @@ def plan_command(
     except ValueError as exc:
         fail(str(exc))
     command = reproduce_command(model=model, trace=trace or plan_defaults.trace(), slo=slo, hardware=",".join(hardware_ids),
-                                quant=quant, tp=tp, pp=pp, speculation=speculation, expert_parallel=expert_parallel,
+                                quant=quant, tp=tp, pp=pp, cp=cp, speculation=speculation,
+                                expert_parallel=expert_parallel,
                                 kv_offload_gb=kv_offload_gb, disaggregate=disaggregate, routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
                                 max_replicas=max_replicas, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())

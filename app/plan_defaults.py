@@ -11,6 +11,7 @@ SLO = "ttft_p99=2s,tpot_p99=100ms"
 QUANT = ("bf16", "fp8")
 TP = (1, 2, 4, 8)
 PP = (1,)
+CP = (1,)
 GROWTH = (1.0,)
 
 

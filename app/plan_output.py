@@ -60,7 +60,8 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
     hardware = list(dict.fromkeys(c.hardware for c in candidates))
     trace = plan_words.trace_words(spec.workload, trace_name)
     question = plan_words.question(spec.model, trace, hardware, sorted({c.quant for c in candidates}),
-                                   sorted({c.tp for c in candidates}), spec.slo, growth)
+                                   sorted({c.tp for c in candidates}), spec.slo, growth,
+                                   sorted({c.cp for c in candidates}))
     names = sorted({e.id for e in engines.values()})
     flags = {}
     for c in candidates:
@@ -92,7 +93,9 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
                     f"{plan_words.either(sorted({c.quant for c in candidates}))} x TP "
                     f"{plan_words.either(sorted({c.tp for c in candidates}))}"
                     + (f" x PP {plan_words.either(sorted({c.pp for c in candidates}))}"
-                       if any(c.pp > 1 for c in candidates) else "")}
+                       if any(c.pp > 1 for c in candidates) else "")
+                    + (f" x CP {plan_words.either(sorted({c.cp for c in candidates}))}"
+                       if any(c.cp > 1 for c in candidates) else "")}
 
 
 def trace_name(trace: str) -> str:

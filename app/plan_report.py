@@ -42,13 +42,15 @@ def esc(text) -> str:
 
 
 def fleet_words(row: dict) -> str:
-    """'2 x h100-sxm (bf16, TP 1)'; disaggregated: '2 prefill + 6 decode x h100-sxm (...)'."""
+    """'2 x h100-sxm (bf16, TP 1)', '1 x h100-sxm (bf16, TP 1, CP 2)'; disaggregated: '2 prefill + 6
+    decode x h100-sxm (...)'."""
     c = row
     count = f"{c['replicas']} x"
     if c.get("disaggregate"):
         prefill, decode = (n * c["replicas"] for n in parse_pools(c["disaggregate"]))
         count = f"{prefill} prefill + {decode} decode x"
     extra = [f"TP {c['tp']}"] + ([f"PP {c['pp']}"] if c.get("pp", 1) > 1 else []) + \
+        ([f"CP {c['cp']}"] if c.get("cp", 1) > 1 else []) + \
         (["EP"] if c.get("expert_parallel") else []) + \
         ([f"{c['speculative']} speculation x{c['num_speculative_tokens']}"] if c.get("speculative") else []) + \
         ([f"{c['kv_offload_gb']:g} GB CPU KV tier"] if c.get("kv_offload_gb") else [])

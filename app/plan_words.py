@@ -55,25 +55,27 @@ def length_percentiles(workload) -> str:
     return "; ".join(out)
 
 
-def question(model: str, trace: str, hardware, quant, tp, slos: dict[str, float], growth=(1.0,)) -> str:
-    """The plan question in words and units."""
+def question(model: str, trace: str, hardware, quant, tp, slos: dict[str, float], growth=(1.0,), cp=(1,)) -> str:
+    """The plan question in words and units (context-parallel sizes named where any is above 1)."""
     grown = [f"x{g:g}" for g in sorted(growth) if g != 1.0]
     at = ((" at " if 1.0 not in growth else "; also at ") + " and ".join(grown) + " the traffic") if grown else ""
-    return (f"Cheapest fleet of {either(hardware)} ({either(quant)} weights, TP {either(sorted(tp))}) serving "
+    ranks = f", CP {either(sorted(cp))}" if any(c > 1 for c in cp) else ""
+    return (f"Cheapest fleet of {either(hardware)} ({either(quant)} weights, TP {either(sorted(tp))}{ranks}) serving "
             f"{model} for {trace} with {slo_words(slos)}{at}")
 
 
 def cheapest_first(rows: list[dict]) -> list[dict]:
     """The fleets that meet the SLOs (plan rows), cheapest first, ties as the recommendation breaks
-    them (the smaller host KV tier, then E2E p99); unpriced ones last."""
+    them (the smaller host KV tier, the smaller CP, then E2E p99); unpriced ones last."""
     return sorted((r for r in rows if r["feasible"]),
                   key=lambda r: (r["usd_per_hour"] is None, r["usd_per_hour"] or 0.0, r.get("kv_offload_gb") or 0.0,
-                                 r["e2e_p99_s"] or 0.0))
+                                 r.get("cp") or 1, r["e2e_p99_s"] or 0.0))
 
 
 # The deployment choices the plan words compare with the same deployment without them: the label's
 # marker of the choice, and its name in words.
-VARIANTS = ((" cpu-kv=", "a CPU KV tier"), (" pd=", "prefill/decode disaggregation"))
+VARIANTS = ((" cpu-kv=", "a CPU KV tier"), (" pd=", "prefill/decode disaggregation"),
+            (" cp=", "context parallelism"))
 
 
 def variant_words(rows: list[dict], marker: str, name: str) -> str | None:

@@ -49,7 +49,7 @@ def print_summary(summary: dict) -> None:
     out = wide_console(100)
     ms = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f}"  # noqa: E731
     table = Table(title=f"{summary['model']} on {summary['replicas']} x {summary['hardware']} "
-                        f"(tp={summary['tp']}, pp={summary['pp']}, {summary['quant']}, {summary['scheduler']} batching)")
+                        f"({labels.parallelism(summary)}, {summary['quant']}, {summary['scheduler']} batching)")
     for column in ("latency (ms)", "mean", "p50", "p90", "p95", "p99"):
         table.add_column(column, justify="right")
     for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
@@ -74,6 +74,8 @@ def print_summary(summary: dict) -> None:
         out.print(labels.cache_words(summary))
     if summary["disaggregation"] is not None:
         out.print(labels.pool_words(summary))
+    if labels.context_parallel_words(summary):
+        out.print(labels.context_parallel_words(summary))
     if c["usd_per_hour"] is not None:
         per_m = c["usd_per_million_output_tokens"]
         out.print(f"cost: ${c['usd_per_hour']:.2f}/hour, {c['gpu_hours']:.2f} GPU-hours, "
@@ -90,12 +92,12 @@ def print_summary(summary: dict) -> None:
 
 
 # What --replay takes from the replay folder instead of the command line.
-FROM_REPLAY = ("model", "trace", "tp", "pp", "replicas", "quant", "kv_dtype", "activation_dtype", "block_size",
+FROM_REPLAY = ("model", "trace", "tp", "pp", "cp", "replicas", "quant", "kv_dtype", "activation_dtype", "block_size",
                "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
                "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
                "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile",
                "expert_parallel", "routing_skew", "kv_offload_gb", "disaggregate", "prefill_hardware", "prefill_tp",
-               "prefill_quant", "kv_transfer_gbps", "kv_transfer_latency_s")
+               "prefill_quant", "prefill_cp", "kv_transfer_gbps", "kv_transfer_latency_s")
 
 
 def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile: Path | None,
@@ -130,6 +132,9 @@ def simulate_command(
                                           "(--hardware / --profile: on another device); then servecast compare the "
                                           "two summaries"),
     tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
+    cp: int = typer.Option(1, help="context-parallel ranks per replica, each a TP group: a replica uses tp x pp x cp "
+                           "GPUs, each sequence's KV split over the ranks (cp x the KV tokens), prefills by ring "
+                           "attention"),
     quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
     kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),
     activation_dtype: str = typer.Option("auto", help="what GEMMs compute in: auto (bf16 under int8/int4 "
@@ -166,6 +171,7 @@ def simulate_command(
     prefill_tp: Optional[int] = typer.Option(None, help="--disaggregate: the prefill pool's TP (default: --tp)"),
     prefill_quant: Optional[str] = typer.Option(None, help="--disaggregate: the prefill pool's weights (default: "
                                                 "--quant)"),
+    prefill_cp: Optional[int] = typer.Option(None, help="--disaggregate: the prefill pool's CP (default: --cp)"),
     kv_transfer_gbps: float = typer.Option(50.0, help="--disaggregate: GB/s per GPU, one way, of the link a prompt's "
                                            "KV crosses (default: 400 Gb/s InfiniBand per GPU)"),
     kv_transfer_latency_s: float = typer.Option(0.001, help="--disaggregate: seconds each KV transfer takes beyond "
@@ -191,7 +197,7 @@ def simulate_command(
             missing = [f"--{n}" for n, v in (("model", model), ("hardware", hardware), ("trace", trace)) if v is None]
             raise ValueError(f"give {', '.join(missing)} (or --replay DIR to simulate a replay)")
         else:
-            config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, replicas=replicas, quant=quant,
+            config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, cp=cp, replicas=replicas, quant=quant,
                                kv_dtype=kv_dtype, activation_dtype=activation_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
@@ -205,6 +211,7 @@ def simulate_command(
                                expert_parallel=expert_parallel, routing_skew=routing_skew,
                                kv_offload_gb=kv_offload_gb, disaggregate=disaggregate,
                                prefill_hardware=prefill_hardware, prefill_tp=prefill_tp, prefill_quant=prefill_quant,
+                               prefill_cp=prefill_cp,
                                kv_transfer_gbps=kv_transfer_gbps, kv_transfer_latency_s=kv_transfer_latency_s,
                                engine=engine,
                                engine_file=str(engine_file) if engine_file else None)

@@ -39,6 +39,10 @@ def main() -> None:
     rows.append({"Figure": "... of them from the CPU KV tier",
                  **{f"Fleet {n}": MISSING if r.summary["kv_offload"] is None else
                     f"{r.summary['kv_offload']['hit_rate']:.1%}" for n, r in results.items()}})
+    rows.append({"Figure": "Context parallelism (ranks per replica)",
+                 **{f"Fleet {n}": f"{r.summary['cp']:d}" for n, r in results.items()}})
+    rows.append({"Figure": "KV tokens per replica",
+                 **{f"Fleet {n}": f"{r.summary['memory']['kv_tokens']:,}" for n, r in results.items()}})
     table = pd.DataFrame(rows)
     st.dataframe(table, hide_index=True)
     fig = go.Figure()

@@ -29,6 +29,8 @@ def main() -> None:
     st.caption(labels.cache_words(s))
     if s["disaggregation"] is not None:
         st.caption(labels.pool_words(s))
+    if labels.context_parallel_words(s):
+        st.caption(labels.context_parallel_words(s))
     intervals = html_report.intervals_figure(s)
     if intervals is not None:
         st.plotly_chart(intervals, key="intervals")

@@ -12,7 +12,7 @@ import streamlit as st
 from app import html_report, labels, plan_defaults, plan_words
 from app.dashboard import tables
 from app.plan_report import FEASIBLE_FIELDS
-from app.dashboard.widgets import SPLITS, trace_input, trace_words
+from app.dashboard.widgets import CP_SIZES, SPLITS, trace_input, trace_words
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
 from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
@@ -62,6 +62,9 @@ def main() -> None:
         hardware = st.multiselect("Hardware", gpus, default=gpus, key="hardware")
         quant = st.multiselect("Weight precision", QUANTS, default=list(plan_defaults.QUANT), key="quant")
         tp = st.multiselect("Tensor parallelism", TPS, default=list(plan_defaults.TP), key="tp")
+        cp = st.multiselect("Context parallelism", CP_SIZES, default=list(plan_defaults.CP), key="cp",
+                            help="ranks per replica that split every sequence's KV by position (ring attention "
+                                 "for prefills): worth it for long prompts under a tight TTFT")
         placements = st.multiselect("Experts under TP (mixture-of-experts models)",
                                     ["sliced (TP)", "whole per rank (EP)"], default=["sliced (TP)"], key="ep",
                                     help="EP: each rank holds whole experts and tokens travel to them (all-to-all)")
@@ -78,7 +81,7 @@ def main() -> None:
     if workload is None:
         return
     asked = plan_words.question(model, trace_words("plan", workload), hardware, quant, tp,
-                                {"ttft_p99": float(ttft), "tpot_p99": float(tpot) / 1e3}, growth)
+                                {"ttft_p99": float(ttft), "tpot_p99": float(tpot) / 1e3}, growth, cp or [1])
     st.markdown("**The question:** " + markdown_text(asked))
     if submitted:
         if not (hardware and quant and tp and growth):
@@ -88,7 +91,8 @@ def main() -> None:
         modes = [False] if not moe else [p.endswith("(EP)") for p in placements] or [False]
         candidates = tuple(candidate_grid(hardware, quant, tp, plan_defaults.PP, expert_parallel=modes,
                                           kv_offload_gb=[float(g) for g in tiers] or [0.0],
-                                          disaggregate=[None if x == SPLITS[0] else x for x in splits] or [None]))
+                                          disaggregate=[None if x == SPLITS[0] else x for x in splits] or [None],
+                                          cp=cp or [1]))
         if not candidates:
             st.warning("Expert parallelism needs TP > 1: add a TP size above 1 or choose sliced experts.")
             return

@@ -59,6 +59,7 @@ def trace_words(key: str, workload) -> str:
 
 
 SPLITS = ["co-located", "1:1", "1:2", "1:3", "2:1"]
+CP_SIZES = [1, 2, 4, 8]
 
 
 def fleet_input(key: str, defaults: dict | None = None) -> dict:
@@ -68,14 +69,18 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
 
     from simulator.catalog.engines import DEFAULT_GPU_ENGINE, engine_ids
 
-    d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "replicas": 1, **(defaults or {})}
+    d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "cp": 1, "replicas": 1, **(defaults or {})}
     gpus, models, engines = priced_gpus(), catalog_model_ids(), engine_ids()
-    c1, c2, c3, c4, c5, c6, c7, c8, c9 = st.columns(9)
+    c1, c2, c3, c4, c10, c5, c6, c7, c8, c9 = st.columns(10)
     fields = {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
             "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
             "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
                                   index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant"),
             "tp": c4.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(d["tp"]), key=f"{key}_tp"),
+            "cp": c10.selectbox("CP", CP_SIZES, index=CP_SIZES.index(d["cp"]), key=f"{key}_cp",
+                                help="context parallelism: ranks per replica (each a TP group) that split every "
+                                     "sequence's KV, cp x the GPUs and KV tokens; long prompts prefill by ring "
+                                     "attention"),
             "replicas": int(c5.number_input("Replicas", 1, 512, d["replicas"], key=f"{key}_replicas")),
             "engine": c6.selectbox("Engine", engines, index=engines.index(DEFAULT_GPU_ENGINE), key=f"{key}_engine",
                                    help="the serving engine whose overheads the step times carry (vllm-v0.15 is "

@@ -1,6 +1,6 @@
 """Capacity planning: for each candidate deployment, the fewest replicas that meet every SLO. No torch.
 
-A candidate is one way to serve the model (accelerator x weight precision x TP x PP x speculation).
+A candidate is one way to serve the model (accelerator x weight precision x TP x PP x CP x speculation).
 For each, the planner simulates the trace on a growing fleet -- 1, 2, 4, ... replicas until the SLOs
 hold, then bisects between the last fleet that failed and the first that held -- so a candidate costs
 O(log replicas) simulations, not a grid. The search relies on one property of serving: more replicas
@@ -45,6 +45,7 @@ class Candidate:
     kv_offload_gb: float = 0.0  # a host-memory tier for the prefix cache, GB per replica
     # Prefill/decode disaggregation "P:D": a fleet of n is n x P prefill and n x D decode replicas.
     disaggregate: str | None = None
+    cp: int = 1  # context-parallel ranks per replica (both pools' under disaggregation)
 
     @property
     def label(self) -> str:
@@ -52,10 +53,11 @@ class Candidate:
         accept = f"@{self.acceptance:g}" if self.acceptance is not None else ""
         spec = f" spec={self.speculative}{draft}x{self.num_speculative_tokens}{accept}" if self.speculative else ""
         pp = f" pp={self.pp}" if self.pp > 1 else ""
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
         ep = " ep" if self.expert_parallel else ""
         offload = f" cpu-kv={self.kv_offload_gb:g}GB" if self.kv_offload_gb else ""
         split = f" pd={self.disaggregate}" if self.disaggregate else ""
-        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{spec}{split}{offload}"
+        return f"{self.hardware} {self.quant} tp={self.tp}{ep}{pp}{cp}{spec}{split}{offload}"
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,8 @@ def pareto_front(results: Sequence[CandidateResult]) -> list[CandidateResult]:
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult | None:
-    """The cheapest feasible fleet per hour (then the smaller host KV tier -- a tier that saves
-    nothing is not recommended -- then the lower E2E p99)."""
+    """The cheapest feasible fleet per hour (then the smaller host KV tier and the smaller CP -- a
+    tier or context parallelism that saves nothing is not recommended -- then the lower E2E p99)."""
     priced = [r for r in results if r.feasible and r.usd_per_hour is not None]
-    return min(priced, key=lambda r: (r.usd_per_hour, r.candidate.kv_offload_gb, r.e2e_p99_s)) if priced else None
+    return min(priced, key=lambda r: (r.usd_per_hour, r.candidate.kv_offload_gb, r.candidate.cp, r.e2e_p99_s)) \
+        if priced else None

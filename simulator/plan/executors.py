@@ -128,7 +128,7 @@ def _slowest_first(spec: PlanSpec, points: list, todo: list[int]) -> list[int]:
             bandwidth = spec.config(candidate, 1).accelerator().memory_bandwidth_gbps or 0.0
         except ValueError:  # a bad candidate fails fast wherever it runs
             return 0.0
-        return bandwidth * candidate.tp * candidate.pp / growth
+        return bandwidth * candidate.tp * candidate.pp * candidate.cp / growth
     return sorted(todo, key=capacity)
 
 
