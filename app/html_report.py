@@ -124,7 +124,8 @@ def write_report(path: Path, title: str, summary: dict, figures: list[go.Figure]
 
 def simulation_report(path: Path, result) -> None:
     s = result.summary
-    title = f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} ({labels.parallelism(s)}, {s['quant']})"
+    title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} ({labels.parallelism(s)}, "
+             f"{s['quant']})")
     figures = [latency_cdfs(result.requests), intervals_figure(s), time_split_figure(s),
                timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
     notes = " ".join(filter(None, [labels.cache_words(s), labels.pool_words(s) if s["disaggregation"] is not None

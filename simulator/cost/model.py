@@ -283,7 +283,7 @@ class CostModel:
         return self.source("all_reduce", (world,)).predict(nbytes)
 
     def predict_collective(self, kind: str, nbytes: int, world: int) -> Prediction:
-        """all_to_all (each rank sends nbytes, an even share to each rank) or kv_ring (a CP ring hop: nbytes to the next)."""
+        """all_to_all (each rank sends nbytes, an even share to each) or kv_ring (a CP ring hop: nbytes to the next)."""
         return self.source(kind, (world,)).predict(nbytes)
 
     def predict_moe_experts(self, rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,

@@ -249,7 +249,8 @@ class SimConfig(BaseModel):
             if self.max_model_len is not None and blocks * self.block_size * self.cp < self.max_model_len:
                 ranks = f" x cp={self.cp}" if self.cp > 1 else ""
                 raise ValueError(f"num_gpu_blocks={blocks} x block_size={self.block_size}{ranks} holds fewer tokens "
-                                 f"than max_model_len={self.max_model_len}: raise num_gpu_blocks or lower max_model_len")
+                                 f"than max_model_len={self.max_model_len}: raise num_gpu_blocks or lower "
+                                 "max_model_len")
             from simulator.cost.memory import kv_bytes_per_token
             per_token = kv_bytes_per_token(model, self.cache_dtype, self.tp, self.pp)
             plan = MemoryPlan(0.0, 0.0, 0.0, 0.0, 0.0, per_token, blocks * self.block_size * per_token,
