@@ -161,10 +161,12 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed_tokens = num_cached
-            seq.num_cached_prompt_tokens += num_cached
             seq.num_prefill_tokens = seq.num_tokens
             seq.status = RequestStatus.RUNNING
             if seq.first_scheduled_time is None:
+                # Counted at the first admission only, as vLLM does: a readmission after preemption
+                # would count the prompt again (and its outputs), past the prompt's length.
+                seq.num_cached_prompt_tokens = num_cached
                 seq.first_scheduled_time = now
             self.running.append(seq)
             out.chunks.append(self._chunk(seq, num_new))

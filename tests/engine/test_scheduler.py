@@ -77,6 +77,20 @@ def test_preemption_takes_the_most_recently_admitted_request() -> None:
     assert s.block_manager.num_used_blocks == 0
 
 
+def test_a_readmitted_request_counts_its_cached_prompt_tokens_once() -> None:
+    # b's blocks stay registered in the prefix cache when it is preempted, so its readmission hits
+    # its own prompt and outputs: counted again, b's cached tokens would pass its prompt's length.
+    s = make(budget=64, blocks=6, block_size=4, caching=True)
+    a = add(s, "a", 8, max_tokens=12)
+    b = add(s, "b", 8, max_tokens=12)
+    for _ in range(6):
+        run_step(s)
+    assert b.num_preemptions == 1 and b.num_cached_prompt_tokens == 0
+    while s.has_unfinished():
+        run_step(s)
+    assert b.num_preemptions >= 1 and a.num_cached_prompt_tokens == b.num_cached_prompt_tokens == 0
+
+
 def test_stop_conditions() -> None:
     s = make()
     eos = add(s, "eos", 3, max_tokens=10)
