@@ -27,7 +27,7 @@ from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.model import DecoderModel, RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary
-from engine.runner import slots_for
+from engine.step_plan import slots_for
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.runner import is_short_chunk
+from engine.step_plan import is_short_chunk
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk, StepObservation
 from simulator.catalog.models import ModelSpec

@@ -4,7 +4,7 @@ The block manager's block holds world x block_size positions (a virtual block); 
 positions p with (p // block_size) % world == r, in the same block id of its own cache, at
 offset p % block_size. So each rank's cache holds 1/world of every sequence, prefix caching and
 preemption work on the virtual blocks unchanged, and a rank computes exactly the tokens whose
-K/V it stores (no K/V is written across ranks). Rank 0 plans the step (engine/runner.py
+K/V it stores (no K/V is written across ranks). Rank 0 plans the step (engine/step_plan.py
 StepPlan); every rank derives its part here: its tokens, their cache slots, and the attention
 metadata of engine/ring_attention.py. The hidden states of the rows whose logits the step needs
 are then summed over ranks (each row is one rank's) for rank 0's LM head.
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.ring_attention import cp_attention
+from engine.step_plan import StepInputs, StepPlan
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
-    from engine.runner import StepInputs, StepPlan
     from engine.tp_group import TPGroup
 
 
@@ -93,8 +93,6 @@ def _window_mask(keys: torch.Tensor, queries: torch.Tensor, window: int | None) 
 
 def local_step(plan: StepPlan, cp: CPRank, windows: set[int | None], device: torch.device) -> LocalStep:
     """This rank's share of a step: its tokens (those at positions it holds) and how they attend."""
-    from engine.runner import StepInputs  # runner imports this module
-
     b, virtual = cp.block_size, cp.block_size * cp.world
     rows: list[int] = []
     slots: list[int] = []

@@ -22,7 +22,7 @@ import torch
 from engine.config import CacheConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
-from engine.runner import plan_step
+from engine.step_plan import plan_step
 from engine.sampler import probabilities
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledChunk, SchedulerOutput

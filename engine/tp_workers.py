@@ -26,7 +26,8 @@ import torch.multiprocessing as mp
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.context_parallel import CPRank
 from engine.model import DecoderModel
-from engine.runner import TORCH_DTYPES, ModelRunner, StepPlan
+from engine.runner import TORCH_DTYPES, ModelRunner
+from engine.step_plan import StepPlan
 from engine.tp_group import TPGroup
 from engine.tp_shard import shard_config, shard_state_dict
 from engine.weights import build_decoder
