@@ -38,6 +38,7 @@ def generate_command(
     prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
     device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
+    quant_kernel: Optional[str] = flags.QUANT_KERNEL,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
@@ -55,7 +56,7 @@ def generate_command(
         workload = DemoWorkload(num_requests, rate_per_s, length_scale, max_total_tokens, seed)
         config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
                                      chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, seed=seed, context_parallel_size=cp,
+                                     kv_cache_dtype, quant_kernel=quant_kernel, seed=seed, context_parallel_size=cp,
                                      max_model_len=max_total_tokens if model is None else None)
         engine, _ = build_engine(model, config, seed)
         requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
@@ -73,6 +74,7 @@ def generate_command(
                          "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
                          "steps": engine.num_steps, "tensor_parallel_size": tp,
                          "context_parallel_size": cp, "quantization": quantization,
+                         "quant_kernels": sorted(set(engine.model.quant_kernels().values())),
                          "kv_cache_dtype": kv_cache_dtype}
     load = engine.expert_load()
     if load:  # a mixture-of-experts model: how its router spread the rows, and the simulator's knob for it

@@ -32,6 +32,7 @@ def serve_command(
     prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
     device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
+    quant_kernel: Optional[str] = flags.QUANT_KERNEL,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
     seed: int = typer.Option(0, help="the random weights' seed, and sampling's without a request seed"),
     threads: Optional[int] = typer.Option(None, help="torch's CPU threads in the engine process (default: torch's "
@@ -65,7 +66,7 @@ def serve_command(
             get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
         config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
                                      chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, max_model_len=max_model_len, seed=seed,
+                                     kv_cache_dtype, quant_kernel=quant_kernel, max_model_len=max_model_len, seed=seed,
                                      context_parallel_size=cp)
         client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
         facts = client.facts

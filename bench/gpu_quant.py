@@ -121,7 +121,7 @@ def main() -> None:
         predicted = [predicted_tokens_per_s(args.model, args.hardware, args.profile, costs, precision, quantization,
                                             kv_dtype, b, prompt, output)
                      for b in batches]
-        kernels = sorted({m.quantized.kernel for m in engine.model.modules() if getattr(m, "quantized", None)})
+        kernels = sorted(set(engine.model.quant_kernels().values()))
         print(f"{name:>9} {weight_bytes / 1e9:>9.2f} {weight_bytes / base_bytes:>6.2f} {kv:>10} {measured[0]:>9.0f} "
               f"{predicted[0]:>8.0f} {measured[1]:>8.1f} {predicted[1]:>8.1f}  {','.join(kernels)}", flush=True)
         del engine

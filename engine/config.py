@@ -210,12 +210,14 @@ class SchedulerConfig:
                 "prefill, raise max_num_batched_tokens or lower max_model_len")
 
 
-QUANT_MODES = ("int8", "int4", "fp8")  # weight-only (engine/quantization.py)
+# Weight-only int8 / int4 / fp8, and w8a8 (int8 weights and dynamically quantized int8
+# activations, CPU only) -- engine/quantization.py.
+QUANT_MODES = ("int8", "int4", "fp8", "w8a8")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
 def check_quantization(mode: str, group_size: int, in_features: int | None = None) -> None:
-    """Raise ValueError naming the fix when a weight-only quantization setting cannot work."""
+    """Raise ValueError naming the fix when a quantization setting cannot work."""
     if mode not in QUANT_MODES:
         raise ValueError(f"quantization {mode!r} is not supported; use one of {', '.join(QUANT_MODES)}")
     if mode == "int4":
@@ -259,9 +261,13 @@ class EngineConfig:
     draft_model: Any = None
     draft_seed: int = 1
     # Weight-only quantization of every linear layer (engine/quantization.py): int8, int4 (groups of
-    # quant_group_size inputs) or fp8 storage; None keeps the model's dtype.
+    # quant_group_size inputs) or fp8 storage; or w8a8 (int8 activations too, CPU); None keeps the
+    # model's dtype.
     quantization: str | None = None
     quant_group_size: int = 128
+    # The kernel of every quantized layer (engine/quant_kernels.py KERNELS); None: the fastest per
+    # layer shape and row bucket, measured at load.
+    quant_kernel: str | None = None
     # KV cache stored as int8 or fp8 with a scale per token and KV head (engine/kv_cache.py); None: dtype.
     kv_cache_dtype: str | None = None
     # Tensor parallelism (engine/tp_workers.py): the model's heads, MLP and vocabulary split over
@@ -288,6 +294,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; use int8, fp8 or None")
         if self.quantization is not None:
             check_quantization(self.quantization, self.quant_group_size)
+        elif self.quant_kernel is not None:
+            raise ValueError(f"quant_kernel={self.quant_kernel!r} names the kernel of quantized layers: set "
+                             "quantization too, or leave quant_kernel unset")
         if self.speculative_method not in (None, "ngram", "draft"):
             raise ValueError(f"speculative_method {self.speculative_method!r} is not supported; "
                              "use 'ngram', 'draft' or None")

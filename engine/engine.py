@@ -104,7 +104,7 @@ class LLMEngine:
                      seed: int) -> DecoderModel:
         model = build_decoder(config, self.scheduler_config.max_model_len, state_dict, seed, self.device)
         return model.prepare(self.device, self.dtype, self.config.quantization, self.config.quant_group_size,
-                             self.config.pack_cpu_weights)
+                             self.config.pack_cpu_weights, self.config.quant_kernel)
 
     def expert_load(self) -> list[list[int]]:
         """Rows routed to each expert so far, per mixture-of-experts layer (empty for a dense model;

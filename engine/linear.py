@@ -18,10 +18,12 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None
 
-    def quantize(self, mode: str, group_size: int = 128) -> None:
-        """Replace the weight by its weight-only quantized form (engine/quantization.py); the float
-        weight is dropped, so the layer's memory is the quantized bytes."""
+    def quantize(self, mode: str, group_size: int = 128, kernel: str | None = None) -> None:
+        """Replace the weight by its quantized form (engine/quantization.py) and choose its kernels
+        (engine/quant_kernels.py: `kernel`, else measured); the float weight is dropped, so the
+        layer's memory is the quantized bytes."""
         self.quantized = quantize_weight(self.weight, mode, group_size)
+        self.quantized.choose_kernels(self.weight.dtype, kernel)
         self.packed = None
         del self.weight
         self.weight = None  # stays an attribute, so nothing reads a stale float weight

@@ -126,25 +126,31 @@ class DecoderModel(nn.Module):
         return self.group.all_gather_last(logits)[..., :self.full_vocab_size]
 
     def prepare(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None,
-                quant_group_size: int = 128, pack_cpu_weights: bool = True) -> DecoderModel:
+                quant_group_size: int = 128, pack_cpu_weights: bool = True,
+                quant_kernel: str | None = None) -> DecoderModel:
         """Ready loaded weights for serving: device and dtype, quantization, CPU packing."""
         model = self.to(device=device, dtype=dtype).eval()
         # The rotary table stays float32 (as transformers computes it) whatever the model dtype.
         model.rotary.to(device=device, dtype=torch.float32)
         if quantization is not None:
-            model.quantize_linears(quantization, quant_group_size)
+            model.quantize_linears(quantization, quant_group_size, quant_kernel)
         if pack_cpu_weights and device.type == "cpu":
             model.pack_linears_for_cpu()
         return model
 
-    def quantize_linears(self, mode: str, group_size: int = 128) -> int:
+    def quantize_linears(self, mode: str, group_size: int = 128, kernel: str | None = None) -> int:
         """Weight-only quantization of every linear layer (a tied LM head stays in float: its weight
         is the embedding table); returns how many were quantized."""
         tied = self.lm_head.weight is self.embed_tokens.weight
         layers = [m for m in self.modules() if isinstance(m, Linear) and not (tied and m is self.lm_head)]
         for m in layers:
-            m.quantize(mode, group_size)
+            m.quantize(mode, group_size, kernel)
         return len(layers)
+
+    def quant_kernels(self) -> dict[str, str]:
+        """Each quantized layer's kernels per row bucket (engine/quant_kernels.py), by layer name."""
+        return {name: m.quantized.choice.describe() for name, m in self.named_modules()
+                if isinstance(m, Linear) and m.quantized is not None and m.quantized.choice is not None}
 
     def weight_bytes(self) -> int:
         """Bytes of weights as allocated: parameters plus quantized weights and their scales."""

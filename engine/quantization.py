@@ -9,20 +9,23 @@
 - fp8: e4m3 weights with a scale per row, dequantized to the compute dtype at each use (storage
   only: torch has no fp8 weight GEMM on CPU).
 
-On CUDA, int8 weights are dequantized at use (`QuantizedWeight.kernel` says which way a layer
-computes): torch's CUDA int8-weight GEMM measured far slower than that. The activations stay in
-the model's dtype. `quantize_weight` returns the stored tensors and
+- w8a8: int8 weights as int8's, and the activations quantized to int8 per tensor at each step
+  (CPU only: fbgemm's and oneDNN's int8 GEMMs) -- its own mode, since it rounds activations too.
+
+Which kernel computes a layer is chosen by measurement per row bucket (engine/quant_kernels.py;
+`QuantizedWeight.choice`). `quantize_weight` returns the stored tensors and
 `dequantize` their exact float value, so a test can compare the kernels with a plain GEMM on the
 dequantized weights.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import check_quantization
+from engine.quant_kernels import KERNELS, KernelChoice, choose
 
 @dataclass
 class QuantizedWeight:
@@ -32,11 +35,35 @@ class QuantizedWeight:
     group_size: int
     shape: tuple[int, int]
     int4_values: torch.Tensor | None = None  # int4: the unpacked 0..15 values (kept only for dequantize)
-    kernel: str = "packed"  # "packed": torch's packed GEMM; "dequantize": the float weight made at each use
+    choice: KernelChoice | None = None  # the kernel per row bucket (engine/quant_kernels.py)
+    prepared: dict[str, object] = field(default_factory=dict)  # the chosen kernels' own forms of the weight
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()
+        """Bytes held: the stored weight (unless a packed copy replaced it) and scales, and the
+        chosen kernels' forms (fbgemm's packed matrix keeps the original beside it: 2 bytes a weight)."""
+        held = [self.data, self.scales] + [t for t in self.prepared.values() if isinstance(t, torch.Tensor)]
+        total = sum(t.numel() * t.element_size() for t in held if not t.is_mkldnn)
+        weights = self.shape[0] * self.shape[1]
+        return total + weights * (("onednn" in self.prepared) + 2 * ("fbgemm" in self.prepared))
+
+    def choose_kernels(self, dtype: torch.dtype, pinned: str | None = None) -> None:
+        """Pick the kernel per row bucket (measured, or `pinned`) and keep only what it reads: a
+        packed copy replaces the stored int8 weight."""
+        self.choice = choose(self, dtype, self.data.device, pinned)
+        kernels = [KERNELS[name] for name in set(self.choice.kernels)]
+        for kernel in kernels:
+            if kernel.prepare is not None:
+                kernel.prepare(self)
+        keep = {form for k in kernels for form in _FORMS.get(k.name, ())}
+        self.prepared = {k: v for k, v in self.prepared.items() if k in keep}
+        if all(k.weight_form != "data" for k in kernels):
+            self.data = self.data[:0]
+
+
+# The prepared forms each kernel reads.
+_FORMS = {"int8pack-bf16": ("scales_bf16",), "int4pack-bf16": ("scales_bf16",), "fbgemm-w8a8": ("fbgemm",),
+          "onednn-w8a8": ("onednn", "onednn_zeros")}
 
 
 def quantize_weight(weight: torch.Tensor, mode: str, group_size: int = 128) -> QuantizedWeight:
@@ -44,18 +71,16 @@ def quantize_weight(weight: torch.Tensor, mode: str, group_size: int = 128) -> Q
     n, k = weight.shape
     check_quantization(mode, group_size, k)
     w = weight.detach().float()
-    if mode == "int8":
+    if mode in ("int8", "w8a8"):
+        if mode == "w8a8" and weight.device.type != "cpu":
+            raise ValueError("w8a8 runs on CPU only (fbgemm / oneDNN int8 GEMMs); on CUDA use int8, int4 or fp8")
         scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
         q = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-        # On CUDA torch's int8-weight GEMM is far slower than dequantizing at use: serving
-        # Llama-3.1-8B on an H200 it made 21 tokens/s at batch 16 where fp8 weights dequantized
-        # at use made 298 (bench/gpu_quant.py, 2026-11-29). CUDA dequantizes.
-        kernel = "packed" if weight.device.type == "cpu" else "dequantize"
-        return QuantizedWeight(mode, q.contiguous(), scales.to(weight.dtype), group_size, (n, k), kernel=kernel)
+        return QuantizedWeight(mode, q.contiguous(), scales.to(weight.dtype), group_size, (n, k))
     if mode == "fp8":
         scales = (w.abs().amax(dim=1) / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
         q = (w / scales[:, None]).to(torch.float8_e4m3fn)
-        return QuantizedWeight(mode, q.contiguous(), scales.to(weight.dtype), group_size, (n, k), kernel="dequantize")
+        return QuantizedWeight(mode, q.contiguous(), scales.to(weight.dtype), group_size, (n, k))
     on_cuda = weight.device.type == "cuda"
     if on_cuda and n % 8:
         raise ValueError(f"int4 on CUDA needs layers whose output width is a multiple of 8; this one has {n}: "
@@ -81,7 +106,12 @@ def quantize_weight(weight: torch.Tensor, mode: str, group_size: int = 128) -> Q
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """The float weight the quantized one stands for."""
-    if qw.mode in ("int8", "fp8"):
+    if qw.mode == "w8a8" and qw.data.numel() == 0:  # the stored weight went for a packed copy
+        if "fbgemm" not in qw.prepared:
+            raise ValueError("a layer computed by onednn-w8a8 keeps only oneDNN's packed weight: pin "
+                             "fbgemm-w8a8 (quant_kernel) to dequantize it")
+        return torch.ops.quantized.linear_unpack(qw.prepared["fbgemm"])[0].dequantize()
+    if qw.mode in ("int8", "w8a8", "fp8"):
         return qw.data.float() * qw.scales.float()[:, None]
     n, k = qw.shape
     q = qw.int4_values.float().reshape(n, k // qw.group_size, qw.group_size)
@@ -91,13 +121,7 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 
 def quantized_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """x @ W^T for x [tokens, in] in the activations' dtype."""
-    if qw.mode == "int8" and qw.kernel == "packed":
-        return torch.ops.aten._weight_int8pack_mm(x.contiguous(), qw.data, qw.scales.to(x.dtype))
-    if qw.mode == "int4" and x.is_cuda:
-        y = torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16).contiguous(), qw.data, qw.group_size, qw.scales)
-        return y.to(x.dtype)
-    if qw.mode == "int4":
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), qw.data, qw.group_size,
-                                                         qw.scales.to(x.dtype))
-    return x @ (qw.data.to(x.dtype) * qw.scales.to(x.dtype)[:, None]).t()
+    """x @ W^T for x [tokens, in] in the activations' dtype, by the kernel chosen for its rows."""
+    if qw.choice is None:
+        qw.choose_kernels(x.dtype)
+    return KERNELS[qw.choice.for_rows(x.shape[0])].run(x, qw)

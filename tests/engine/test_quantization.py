@@ -1,9 +1,8 @@
-"""Weight-only quantization: torch's packed kernels compute exactly the dequantized weights, in a
-layer and through the whole engine; bytes as allocated shrink as they should."""
+"""Quantization: every kernel computes the dequantized weights (exactly where its activations stay
+in the model's dtype), in a layer and through the whole engine; kernels are chosen per row bucket
+by measurement or pinned; bytes as allocated shrink as they should."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -11,60 +10,99 @@ import torch.nn.functional as F
 
 from engine import LLMEngine, SamplingParams
 from engine.linear import Linear
-from engine.quantization import dequantize, quantize_weight, quantized_matmul
+from engine.quant_kernels import BUCKETS, KERNELS, KernelChoice, candidates
+from engine.quantization import dequantize, quantize_weight
 from tests.device import ON_CUDA, TEST_DEVICE, engine_config
 
 MODEL = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
-MODES = [("int8", 128), ("int4", 32), ("int4", 128), ("fp8", 128)]
+MODES = [("int8", 128), ("int4", 32), ("int4", 128), ("fp8", 128)] + ([] if ON_CUDA else [("w8a8", 128)])
+# Every kernel that can compute a mode on the test device, with its group sizes.
+KERNEL_CASES = [(mode, group, k.name) for mode, group in MODES
+                for k in candidates(mode, torch.device(TEST_DEVICE), torch.float32)]
+# How close a kernel comes to a float GEMM on the dequantized weight, by what it computes the
+# activations in: the model's dtype (float rounding only), bfloat16, or int8 codes.
+TOLERANCE = {"model": 1e-5, "bfloat16": 1e-2, "int8": 3e-2}
 
 
-@pytest.mark.parametrize("mode, group", MODES)
-def test_a_quantized_layer_computes_its_dequantized_weight(mode, group) -> None:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / b.detach().norm())
+
+
+@pytest.mark.parametrize("mode, group, kernel", KERNEL_CASES)
+def test_every_kernel_computes_its_dequantized_weight(mode, group, kernel) -> None:
     torch.manual_seed(0)
     layer = Linear(256, 96, bias=True).to(TEST_DEVICE)
     weight = layer.weight.detach().clone()
     x = torch.randn(9, 256, device=TEST_DEVICE)
-    layer.quantize(mode, group)
-    if ON_CUDA and mode == "int4":  # tinygemm takes and returns bfloat16 activations
-        expected = F.linear(x.bfloat16().float(), dequantize(layer.quantized), layer.bias)
-        assert torch.allclose(layer(x), expected, rtol=2e-2, atol=2e-2)
-    else:
-        expected = F.linear(x, dequantize(layer.quantized), layer.bias)
+    stored = dequantize(quantize_weight(weight, mode, group))  # a packed copy may replace the layer's own
+    layer.quantize(mode, group, kernel)
+    assert layer.quantized.choice.kernels == (kernel,) * len(BUCKETS)
+    expected = F.linear(x, stored, layer.bias)
+    error = relative_error(layer(x), expected)
+    assert error < TOLERANCE[KERNELS[kernel].activations]
+    if KERNELS[kernel].activations == "model":
         assert torch.allclose(layer(x), expected, rtol=1e-4, atol=1e-5)
-    error = (dequantize(layer.quantized) - weight).norm() / weight.norm()
-    assert error < {"int8": 0.01, "fp8": 0.05, "int4": 0.15}[mode]  # and it is a real approximation
-    assert error > 0
+    weight_error = relative_error(stored, weight)
+    assert 0 < weight_error < {"int8": 0.01, "w8a8": 0.01, "fp8": 0.05, "int4": 0.15}[mode]  # a real approximation
 
 
-def test_int8_dequantized_at_use_equals_the_packed_kernel() -> None:
-    """CUDA computes int8 layers by dequantizing at use (torch's CUDA int8 GEMM measured far
-    slower); that path gives the packed kernel's result."""
-    torch.manual_seed(1)
-    weight, x = torch.randn(64, 128), torch.randn(5, 128)
-    packed = quantize_weight(weight, "int8")
-    expected_kernel = "dequantize" if ON_CUDA else "packed"
-    assert packed.kernel == expected_kernel
-    at_use = dataclasses.replace(packed, kernel="dequantize")
-    other = dataclasses.replace(packed, kernel="packed" if ON_CUDA else "dequantize")
-    assert torch.allclose(quantized_matmul(x, at_use), quantized_matmul(x, other), rtol=1e-4, atol=1e-5)
+def test_a_measured_choice_is_a_candidate_per_bucket_made_once_per_shape() -> None:
+    torch.manual_seed(2)
+    first, second = Linear(128, 64, bias=False), Linear(128, 64, bias=False)
+    first.quantize("int8")
+    second.quantize("int8")
+    names = {k.name for k in candidates("int8", torch.device("cpu"), torch.float32)}
+    assert set(first.quantized.choice.kernels) <= names
+    assert second.quantized.choice is first.quantized.choice  # measured once for the shape
+    for rows in (1, 3, 16, 17, 1000):
+        bucket = next((i for i, b in enumerate(BUCKETS) if rows <= b), len(BUCKETS) - 1)
+        assert first.quantized.choice.for_rows(rows) == first.quantized.choice.kernels[bucket]
+
+
+def test_a_choice_reads_back_from_its_description_and_never_mixes_weight_copies() -> None:
+    mixed = KernelChoice(("int8pack-bf16", "int8pack-bf16", "int8pack", "dequantize-int8", "dequantize-int8"))
+    assert mixed.describe() == "int8pack-bf16 <=4, int8pack <=16, dequantize-int8"
+    assert KernelChoice.parse(mixed.describe()) == mixed
+    assert KernelChoice.parse("tinygemm").kernels == ("tinygemm",) * len(BUCKETS)
+    with pytest.raises(ValueError, match="unknown quantized kernel"):
+        KernelChoice.parse("magic <=4, int8pack")
+    layer = Linear(512, 2048, bias=False)
+    layer.quantize("w8a8")  # fbgemm and oneDNN each keep their own packed copy: one of them serves every bucket
+    assert len(set(layer.quantized.choice.kernels)) == 1
+    assert layer.quantized.data.numel() == 0  # and the packed copy replaced the stored weight
+
+
+def test_a_pinned_kernel_must_compute_the_mode_here() -> None:
+    with pytest.raises(ValueError, match="cannot compute int8 here.*use one of"):
+        Linear(64, 32).quantize("int8", kernel="int4pack")
+    with pytest.raises(ValueError, match="set quantization too"):
+        engine_config(quant_kernel="int8pack")
+
+
+# The kernels that compute in the model's dtype: the engine then equals its dequantized self.
+EXACT = {"int8": "dequantize-int8" if ON_CUDA else "int8pack", "int4": "tinygemm" if ON_CUDA else "int4pack",
+         "fp8": "dequantize-fp8", "w8a8": "fbgemm-w8a8"}
 
 
 @pytest.mark.parametrize("mode, group", MODES)
 def test_the_engine_computes_the_dequantized_model(mode, group) -> None:
     """Prompt logits of the quantized engine equal those of the same engine with every quantized
     weight replaced by its float value (the kernels, through attention, paging and sampling)."""
-    engine = LLMEngine.from_config(MODEL, engine_config(num_blocks=64, quantization=mode, quant_group_size=group))
+    kernel = EXACT[mode]
+    engine = LLMEngine.from_config(MODEL, engine_config(num_blocks=64, quantization=mode, quant_group_size=group,
+                                                        quant_kernel=kernel))
     prompt = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]]
     params = SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True)
     quantized = engine.generate(prompt, params)[0].prompt_logits
+    assert set(engine.model.quant_kernels().values()) == {kernel}
     for m in engine.model.modules():
         if isinstance(m, Linear) and m.quantized is not None:
             m.weight = torch.nn.Parameter(dequantize(m.quantized), requires_grad=False)
             m.quantized = None
     floats = engine.generate(prompt, params)[0].prompt_logits
-    if ON_CUDA and mode == "int4":  # bfloat16 activations through each int4 layer
-        assert (quantized - floats).norm() / floats.norm() < 2e-2
+    if KERNELS[kernel].activations != "model":  # bfloat16 or int8 activations through each layer
+        assert relative_error(quantized, floats) < 3e-2
     else:
         assert torch.allclose(quantized, floats, rtol=1e-3, atol=1e-4)
 
@@ -76,9 +114,11 @@ def test_weight_bytes_as_allocated() -> None:
     linear_weights = sum(m.weight.numel() for m in full.modules() if isinstance(m, Linear))
     rows = sum(m.out_features for m in full.modules() if isinstance(m, Linear))
     assert full.weight_bytes() == embedding + norms + 4 * linear_weights
-    int8 = LLMEngine.from_config(MODEL, engine_config(num_blocks=16, quantization="int8")).model
+    int8 = LLMEngine.from_config(MODEL, engine_config(num_blocks=16, quantization="int8",
+                                                      quant_kernel=EXACT["int8"])).model
     assert int8.weight_bytes() == embedding + norms + linear_weights + 4 * rows  # a byte each, a scale per row
-    int4 = LLMEngine.from_config(MODEL, engine_config(num_blocks=16, quantization="int4", quant_group_size=32)).model
+    int4 = LLMEngine.from_config(MODEL, engine_config(num_blocks=16, quantization="int4", quant_group_size=32,
+                                                      quant_kernel=EXACT["int4"])).model
     scale_bytes = 2 if ON_CUDA else 4  # CUDA's int4 kernel reads bfloat16 scales and zeros
     assert int4.weight_bytes() == embedding + norms + linear_weights // 2 + 2 * scale_bytes * (linear_weights // 32)
 
