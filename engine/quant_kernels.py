@@ -41,6 +41,8 @@ class Kernel:
     # The weight it reads: "data" (QuantizedWeight.data) or its own packed copy, so that a layer
     # keeps one copy: a choice never mixes two forms.
     weight_form: str = "data"
+    # Whether it can compute a layer of this (out, in) shape with activations of this dtype.
+    accepts: Callable[[tuple[int, int], torch.dtype], bool] = lambda shape, dtype: True
 
 
 KERNELS: dict[str, Kernel] = {}
@@ -51,9 +53,9 @@ def register(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def candidates(mode: str, device: torch.device, dtype: torch.dtype) -> list[Kernel]:
+def candidates(mode: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, int] | None = None) -> list[Kernel]:
     return [k for k in KERNELS.values() if k.mode == mode and device.type in k.devices
-            and not (k.fp32_only and dtype != torch.float32)]
+            and not (k.fp32_only and dtype != torch.float32) and (shape is None or k.accepts(shape, dtype))]
 
 
 # Rows a choice is made for; a step's rows use the first bucket at least as large (the last beyond).
@@ -112,7 +114,7 @@ def adopt(key: tuple, choice: KernelChoice) -> None:
 
 def choose(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device, pinned: str | None = None) -> KernelChoice:
     """The kernel per row bucket for this layer: `pinned`, else the fastest candidate measured."""
-    options = candidates(qw.mode, device, dtype)
+    options = candidates(qw.mode, device, dtype, qw.shape)
     if pinned is not None:
         if pinned not in [k.name for k in options]:
             raise ValueError(f"quantized kernel {pinned!r} cannot compute {qw.mode} here ({device.type}, "
@@ -239,8 +241,14 @@ def _onednn_w8a8(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
                                                      "none", [], "")
 
 
-register(Kernel("int8pack", "int8", ("cpu",), _int8pack))
-register(Kernel("int8pack-bf16", "int8", ("cpu",), _int8pack_bf16, "bfloat16", _bf16_scales, fp32_only=True))
+def _bf16_rows_in_sixteens(shape: tuple[int, int], dtype: torch.dtype) -> bool:
+    return shape[1] % 16 == 0  # torch's int8-weight GEMM crashes on bfloat16 rows of other widths
+
+
+register(Kernel("int8pack", "int8", ("cpu",), _int8pack,
+                accepts=lambda shape, dtype: dtype != torch.bfloat16 or _bf16_rows_in_sixteens(shape, dtype)))
+register(Kernel("int8pack-bf16", "int8", ("cpu",), _int8pack_bf16, "bfloat16", _bf16_scales, fp32_only=True,
+                accepts=_bf16_rows_in_sixteens))
 # On CUDA torch's int8-weight GEMM is far slower than dequantizing at use: serving Llama-3.1-8B on
 # an H200 it made 21 tokens/s at batch 16 where fp8 weights dequantized at use made 298
 # (bench/gpu_quant.py, 2026-11-29). No GPU was lent since to race them per shape: CUDA dequantizes.

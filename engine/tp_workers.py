@@ -82,7 +82,7 @@ def build_shard(spec: RankSpec, state: dict[str, torch.Tensor], group: TPGroup) 
                              spec.model_config.vocab_size)
     model.load_state_dict(state)
     return model.prepare(torch.device(spec.device), TORCH_DTYPES[config.dtype], config.quantization,
-                         config.quant_group_size, config.pack_cpu_weights)
+                         config.quant_group_size, config.pack_cpu_weights, config.quant_kernel)
 
 
 class TPWorkers:

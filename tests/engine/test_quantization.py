@@ -73,6 +73,18 @@ def test_a_choice_reads_back_from_its_description_and_never_mixes_weight_copies(
     assert layer.quantized.data.numel() == 0  # and the packed copy replaced the stored weight
 
 
+def test_a_kernel_is_offered_only_the_shapes_it_computes() -> None:
+    """torch's int8-weight GEMM crashes on bfloat16 rows whose width is no multiple of 16 (a
+    tensor-parallel shard's, say): such a layer runs another kernel."""
+    torch.manual_seed(3)
+    layer = Linear(344, 16, bias=False)
+    weight = layer.weight.detach().clone()
+    layer.quantize("int8")
+    assert "int8pack-bf16" not in layer.quantized.choice.kernels
+    x = torch.randn(3, 344)
+    assert torch.allclose(layer(x), F.linear(x, dequantize(quantize_weight(weight, "int8"))), rtol=1e-4, atol=1e-5)
+
+
 def test_a_pinned_kernel_must_compute_the_mode_here() -> None:
     with pytest.raises(ValueError, match="cannot compute int8 here.*use one of"):
         Linear(64, 32).quantize("int8", kernel="int4pack")
