@@ -10,8 +10,13 @@ this CPU's profile of the target (extended with its quantized layers, `gemm_quan
 groups of 32; and reads of int8 / fp8 KV caches, `kv_gather`) with fp32 activations, as the engine
 computes them here.
 
+First, decode speed on the 34.5M-parameter model of bench/engine_throughput.py (random weights;
+its fp32 weights, 138 MB, exceed this CPU's L3 cache): decode tokens/s per mode at batch 1 and 16,
+measured as (tokens of 65-token runs - tokens of 1-token runs) / the time between them, the modes
+interleaved over rounds (best kept), with the kernels each mode's layers chose (engine/quant_kernels.py).
+
     servecast train-pair            # once
-    python bench/quant.py [--pair DIR] [--threads 1]
+    python bench/quant.py [--pair DIR] [--threads 2] [--speed-rounds 3]
     python bench/quant.py --quick     # a smoke run: a pair trained for seconds into a temporary folder
                                       # (unless --pair names one), the tests' small profile grid
 """
@@ -38,7 +43,7 @@ from simulator.workload.requests import make_workload
 
 # (label, weight quantization, int4 group size, KV cache dtype)
 MODES = [("fp32", None, 128, None), ("int8", "int8", 128, None), ("int4 g32", "int4", 32, None),
-         ("int4 g64", "int4", 64, None), ("fp8", "fp8", 128, None), ("kv int8", None, 128, "int8"),
+         ("int4 g64", "int4", 64, None), ("fp8", "fp8", 128, None), ("w8a8", "w8a8", 128, None), ("kv int8", None, 128, "int8"),
          ("kv fp8", None, 128, "fp8"), ("int8+kv8", "int8", 128, "int8")]
 
 
@@ -71,6 +76,53 @@ def predicted_tokens_per_s(pair: Path, costs: CostModel, profile: Path, quantiza
     return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
 
 
+# The 34.5M-parameter model of bench/engine_throughput.py (its defaults).
+SPEED_MODEL = dict(model_type="llama", hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+                   num_key_value_heads=4, intermediate_size=1408, vocab_size=16384, max_position_embeddings=528)
+SPEED_MODES = [("fp32", None, 128), ("int8", "int8", 128), ("int4 g32", "int4", 32), ("w8a8", "w8a8", 128),
+               ("fp8", "fp8", 128)]
+
+
+def decode_tokens_per_s(engine: LLMEngine, batch: int, prompt: int, output: int, seed: int = 0) -> float:
+    """Decode tokens/s at a batch: the time of `output` more tokens beyond a prefill + first token."""
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, engine.model_config.vocab_size, (prompt,), generator=rng).tolist() for _ in range(batch)]
+    params = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
+    started = time.perf_counter()
+    engine.generate(prompts, params(1))
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    engine.generate(prompts, params(output + 1))
+    return batch * output / (time.perf_counter() - started - first)
+
+
+def speed_table(quick: bool, rounds: int) -> None:
+    model = dict(SPEED_MODEL, hidden_size=128, num_hidden_layers=2, intermediate_size=352, vocab_size=2048) \
+        if quick else SPEED_MODEL
+    batches, prompt, output = ((1, 4), 16, 8) if quick else ((1, 16), 96, 64)
+    engines = {}
+    for name, quantization, group in SPEED_MODES:
+        config = EngineConfig(max_model_len=prompt + output + 8, num_blocks=1024, max_num_seqs=64,
+                              max_num_batched_tokens=2048, quantization=quantization, quant_group_size=group,
+                              enable_prefix_caching=False)
+        engines[name] = LLMEngine.from_config(model, config, seed=0)
+    params_m = sum(p.numel() for p in next(iter(engines.values())).model.parameters()) / 1e6
+    print(f"decode speed: Llama {params_m:.1f}M params (random weights), prompt {prompt}, {output} tokens decoded, "
+          f"{torch.get_num_threads()} threads, best of {rounds} interleaved rounds")
+    best = {(name, b): 0.0 for name in engines for b in batches}
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            for b in batches:
+                best[name, b] = max(best[name, b], decode_tokens_per_s(engine, b, prompt, output))
+    header = "".join(f" {'tok/s b' + str(b):>10} {'x fp32':>6}" for b in batches)
+    print(f"{'mode':>9} {'weight MB':>9}{header}  kernels")
+    for name, engine in engines.items():
+        cells = "".join(f" {best[name, b]:>10.0f} {best[name, b] / best['fp32', b]:>6.2f}" for b in batches)
+        kernels = "; ".join(sorted(set(engine.model.quant_kernels().values()))) or "onednn packed fp32"
+        print(f"{name:>9} {engine.model.weight_bytes() / 2**20:>9.1f}{cells}  {kernels}", flush=True)
+    print()
+
+
 def prompt_logits(engine: LLMEngine, windows: list[list[int]]) -> torch.Tensor:
     outs = engine.generate(windows, SamplingParams(max_tokens=1, temperature=0.0, return_prompt_logits=True))
     return torch.cat([o.prompt_logits.float() for o in outs])
@@ -80,6 +132,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", type=Path, default=None, help=f"a trained pair (default {DEFAULT_PAIR})")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--speed-threads", type=int, default=2, help="torch threads of the decode-speed table")
+    parser.add_argument("--speed-rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: a throwaway pair (unless --pair), the tests' small profile grid, 4 windows "
                              "of 128 bytes, 16 generated tokens")
@@ -93,6 +147,8 @@ def main() -> None:
     args.pair = args.pair or DEFAULT_PAIR
     if not (args.pair / "pair.json").exists():
         raise SystemExit(f"no trained pair at {args.pair}: run `servecast train-pair` first")
+    torch.set_num_threads(args.speed_threads)
+    speed_table(args.quick, 1 if args.quick else args.speed_rounds)
     torch.set_num_threads(args.threads)
     weights = read_safetensors_dir(args.pair / "target")
     heldout = (args.pair / "heldout.bin").read_bytes()
@@ -104,7 +160,7 @@ def main() -> None:
     # The target's profile on this CPU (bench/spec_decode.py's, same grid), resumed with its quantized layers.
     profile = args.pair / f"profile-cpu-{args.threads}t.jsonl"
     print(f"profiling (resumes) the target's quantized layers -> {profile}", flush=True)
-    grid = replace(grid, weight_quant=("int8", "int4", "fp8"), quant_group_size=32, kv_quant=("int8", "fp8"))
+    grid = replace(grid, weight_quant=("int8", "int4", "fp8", "w8a8"), quant_group_size=32, kv_quant=("int8", "fp8"))
     Profiler(ModelConfig.from_hf(args.pair / "target"), grid=grid).run(profile)
     costs = CostModel.load("cpu-local", profile=str(profile))
     reference = None

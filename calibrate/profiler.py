@@ -25,6 +25,9 @@ from calibrate.operator_timing import OperatorTimer
 from calibrate.profile_header import fingerprint, measure_bandwidth_by_size, measure_peaks
 from calibrate.profile_plan import ProfileGrid, attention_shapes, profile_plan
 from engine.config import ModelConfig
+from engine.linear import Linear
+from engine.quant_kernels import KernelChoice, adopt, choice_key
+from engine.quantization import quantize_weight
 from engine.runner import TORCH_DTYPES
 from engine.tp_shard import shard_config
 from simulator.catalog.hardware import canonical_dtype
@@ -53,7 +56,34 @@ class Profiler:
 
     def header(self) -> Profile:
         calls = self.grid.cuda_calls_per_sample if self.device.type == "cuda" else 1
-        return Profile(self.hardware, fingerprint(self.device, self.dtype, calls), {}, "servecast profile")
+        prints = fingerprint(self.device, self.dtype, calls)
+        if self.grid.weight_quant:
+            prints["quant_kernels"] = self.quant_kernels()
+        return Profile(self.hardware, prints, {}, "servecast profile")
+
+    def _quant_shapes(self) -> list[tuple[str, int, int, int]]:
+        """(mode, n, k, group size) of every quantized GEMM the plan times."""
+        points = [p for op, p in self.plan() if op == "gemm_quant"]
+        return list(dict.fromkeys((p["weight_dtype"], p["n"], p["k"], p["group_size"]) for p in points))
+
+    def quant_kernels(self) -> dict[str, str]:
+        """The kernels the plan's quantized GEMMs run, chosen as the engine chooses them (measured
+        in this process, engine/quant_kernels.py): 'mode NxK gG' -> the choice per row bucket."""
+        chosen = {}
+        for mode, n, k, group in self._quant_shapes():
+            layer = Linear(k, n, bias=False, device=self.device, dtype=self.torch_dtype)
+            layer.quantize(mode, group)
+            chosen[f"{mode} {n}x{k} g{group}"] = layer.quantized.choice.describe()
+        return chosen
+
+    def adopt_quant_kernels(self, recorded: dict[str, str]) -> None:
+        """Time the kernels a resumed profile recorded, not a new measurement's choice."""
+        for mode, n, k, group in self._quant_shapes():
+            text = recorded.get(f"{mode} {n}x{k} g{group}")
+            if text is not None:
+                layer = Linear(k, n, bias=False, device=self.device, dtype=self.torch_dtype)
+                weight = quantize_weight(layer.weight, mode, group)
+                adopt(choice_key(weight, self.torch_dtype, self.device), KernelChoice.parse(text))
 
     # -- the grid -----------------------------------------------------------------------------
     def plan(self) -> list[tuple[str, dict]]:
@@ -75,9 +105,11 @@ class Profiler:
     def steps(self, out: str | Path) -> Iterator[tuple[int, int]]:
         """Like run(), one operator group at a time: yields (points finished, points planned)."""
         path = Path(out)
+        existing = Profile.load(path) if path.exists() and path.stat().st_size > 0 else None
+        if existing is not None:
+            self.adopt_quant_kernels(existing.fingerprint.get("quant_kernels") or {})
         header = self.header()
-        if path.exists() and path.stat().st_size > 0:
-            existing = Profile.load(path)
+        if existing is not None:
             if existing.hardware != header.hardware or existing.fingerprint.get("dtype") != self.dtype:
                 raise ValueError(f"{path} is a profile of {existing.hardware} ({existing.fingerprint.get('dtype')}); "
                                  f"this run is {header.hardware} ({self.dtype}): choose another --out")

@@ -10,7 +10,8 @@ DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 # Bytes per stored weight: the element's, and int4's packed nibbles plus a 16-bit scale and zero
 # point per group of 128.
-WEIGHT_BYTES = {**{name: float(size) for name, size in DTYPE_BYTES.items()}, "int4": 0.5 + 4 / 128}
+# w8a8: int8 weights (and int8 activations, which change the GEMM's speed, not the weights' bytes).
+WEIGHT_BYTES = {**{name: float(size) for name, size in DTYPE_BYTES.items()}, "int4": 0.5 + 4 / 128, "w8a8": 1.0}
 # What the engine computes in (torch's names).
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 

@@ -19,7 +19,7 @@ from simulator.catalog.models import ModelSpec, load_model
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.fleet.router import ROUTERS
 
-WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "w8a8"]
 KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
 ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
 Router = Literal[ROUTERS]  # the names in simulator/fleet/router.py's registry

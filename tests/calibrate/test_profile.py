@@ -180,11 +180,23 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                       max_position_embeddings=128))
-    grid = replace(ProfileGrid.quick(), weight_quant=("int8", "int4"), quant_group_size=32, kv_quant=("int8",),
-                   kv_gather_tokens=(64, 1024))
+    grid = replace(ProfileGrid.quick(), weight_quant=("int8", "int4", "w8a8"), quant_group_size=32,
+                   kv_quant=("int8",), kv_gather_tokens=(64, 1024))
     profile = Profiler(config, grid=grid).run(tmp_path / "q.jsonl")
     points = {(m.get("weight_dtype"), m.get("n"), m.get("k"), m.get("m")): m.time_s for m in profile.of("gemm_quant")}
-    assert {w for w, *_ in points} == {"int8", "int4"}
+    assert {w for w, *_ in points} == {"int8", "int4", "w8a8"}
+    # The fingerprint names the kernels each quantized shape ran: those the engine chooses here.
+    from engine.linear import Linear
+    from engine.quant_kernels import KernelChoice
+
+    kernels = profile.fingerprint["quant_kernels"]
+    assert set(kernels) == {f"{w} {n}x{k} g32" for w, n, k, _ in points}
+    for key, text in kernels.items():
+        mode, shape, _ = key.split()
+        n, k = map(int, shape.split("x"))
+        layer = Linear(k, n, bias=False)
+        layer.quantize(mode, 32)
+        assert layer.quantized.choice == KernelChoice.parse(text)
     model = load_cost_model("cpu-local", profile=str(tmp_path / "q.jsonl"))
     (weight, n, k, m), measured = next(iter(points.items()))
     prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
@@ -225,6 +237,33 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     extra = max(0.0, envelope["int8"] - envelope["none"]) * spec.num_layers
     assert quantized.decode_attention(8, 1024) - plain.decode_attention(8, 1024) == pytest.approx(extra)
     assert quantized.prefill_attention(64, 1024) - plain.prefill_attention(64, 1024) == pytest.approx(extra)
+
+
+def test_a_resumed_profile_times_the_quantized_kernels_it_recorded(tmp_path) -> None:
+    import json
+    from dataclasses import replace
+
+    from calibrate.profile_plan import ProfileGrid
+    from calibrate.profiler import Profiler
+    from engine.config import ModelConfig
+    from engine.linear import Linear
+
+    config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=128))
+    path = tmp_path / "r.jsonl"
+    grid = replace(ProfileGrid.quick(), weight_quant=("int8",))
+    Profiler(config, grid=grid).run(path)
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    recorded = header["fingerprint"]["quant_kernels"]
+    header["fingerprint"]["quant_kernels"] = {key: "dequantize-int8" for key in recorded}  # as another run chose
+    path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    Profiler(config, grid=replace(grid, weight_quant=("int8", "fp8"))).run(path)  # resumes: adds fp8
+    n, k = map(int, next(iter(recorded)).split()[1].split("x"))
+    layer = Linear(k, n, bias=False)
+    layer.quantize("int8")
+    assert set(layer.quantized.choice.kernels) == {"dequantize-int8"}
 
 
 def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) -> None:
