@@ -41,7 +41,8 @@ def profile_command(
                                          "per rank, and time the all-to-all that feeds them"),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice); "
                                                      "recorded in the profile's fingerprint"),
-    quant: str = typer.Option("", help="also time weight-only quantized linear layers: e.g. int8,int4,fp8"),
+    quant: str = typer.Option("", help="also time quantized linear layers (the kernels the engine chooses "
+                                       "here, named in the fingerprint): e.g. int8,int4,fp8,w8a8"),
     quant_group_size: int = typer.Option(128, help="int4 group size for --quant"),
     kv_quant: str = typer.Option("", help="also time reads of a quantized KV cache: e.g. int8,fp8"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary on stdout"),
