@@ -43,8 +43,8 @@ from simulator.workload.requests import make_workload
 
 # (label, weight quantization, int4 group size, KV cache dtype)
 MODES = [("fp32", None, 128, None), ("int8", "int8", 128, None), ("int4 g32", "int4", 32, None),
-         ("int4 g64", "int4", 64, None), ("fp8", "fp8", 128, None), ("w8a8", "w8a8", 128, None), ("kv int8", None, 128, "int8"),
-         ("kv fp8", None, 128, "fp8"), ("int8+kv8", "int8", 128, "int8")]
+         ("int4 g64", "int4", 64, None), ("fp8", "fp8", 128, None), ("w8a8", "w8a8", 128, None),
+         ("kv int8", None, 128, "int8"), ("kv fp8", None, 128, "fp8"), ("int8+kv8", "int8", 128, "int8")]
 
 
 def make(pair: Path, weights: dict, quantization: str | None, group: int, kv: str | None) -> LLMEngine:

@@ -27,7 +27,6 @@ from calibrate.profile_plan import ProfileGrid, attention_shapes, profile_plan
 from engine.config import ModelConfig
 from engine.linear import Linear
 from engine.quant_kernels import KernelChoice, adopt, choice_key
-from engine.quantization import quantize_weight
 from engine.runner import TORCH_DTYPES
 from engine.tp_shard import shard_config
 from simulator.catalog.hardware import canonical_dtype
@@ -81,9 +80,7 @@ class Profiler:
         for mode, n, k, group in self._quant_shapes():
             text = recorded.get(f"{mode} {n}x{k} g{group}")
             if text is not None:
-                layer = Linear(k, n, bias=False, device=self.device, dtype=self.torch_dtype)
-                weight = quantize_weight(layer.weight, mode, group)
-                adopt(choice_key(weight, self.torch_dtype, self.device), KernelChoice.parse(text))
+                adopt(choice_key(mode, (n, k), group, self.torch_dtype, self.device), KernelChoice.parse(text))
 
     # -- the grid -----------------------------------------------------------------------------
     def plan(self) -> list[tuple[str, dict]]:

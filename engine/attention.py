@@ -155,15 +155,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
         # One query token per sequence: the query heads of a KV group act as that group's
         # "query length", so K/V are read once per group instead of being repeated.
         queries = q[d.token_index].view(batch, num_kv_heads, group, head_dim).transpose(0, 1)
+        mask = d.masks[window].view(1, batch, 1, -1)  # [batch, 1, 1, keys] in the [kv_heads, batch, ...] layout
         if q.device.type == "cpu" and q.dtype == torch.float32:
             # Two batched matmuls over the gathered layout ([kv_heads, batch, ...], no transpose of
             # K/V): 1.3-2x faster than torch's CPU flash kernel for one query row per sequence.
             scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(scale)
-            scores.masked_fill_(d.masks[window].view(1, batch, 1, -1).logical_not(), float("-inf"))
+            scores.masked_fill_(mask.logical_not(), float("-inf"))
             attn = torch.matmul(scores.softmax(-1), values)
         else:
-            attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=d.masks[window].view(1, batch, 1, -1),
-                                                  scale=scale)
+            attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
         out[d.token_index] = attn.transpose(0, 1).reshape(batch, num_heads, head_dim)
 
     if meta.verify is not None:

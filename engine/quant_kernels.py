@@ -41,6 +41,7 @@ class Kernel:
     # The weight it reads: "data" (QuantizedWeight.data) or its own packed copy, so that a layer
     # keeps one copy: a choice never mixes two forms.
     weight_form: str = "data"
+    forms: tuple[str, ...] = ()  # the QuantizedWeight.prepared entries it reads (prepare builds them)
     # Whether it can compute a layer of this (out, in) shape with activations of this dtype.
     accepts: Callable[[tuple[int, int], torch.dtype], bool] = lambda shape, dtype: True
 
@@ -53,7 +54,8 @@ def register(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def candidates(mode: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, int] | None = None) -> list[Kernel]:
+def candidates(mode: str, device: torch.device, dtype: torch.dtype,
+               shape: tuple[int, int] | None = None) -> list[Kernel]:
     return [k for k in KERNELS.values() if k.mode == mode and device.type in k.devices
             and not (k.fp32_only and dtype != torch.float32) and (shape is None or k.accepts(shape, dtype))]
 
@@ -76,8 +78,10 @@ class KernelChoice:
         """'fbgemm-w8a8 <=16, onednn-w8a8' -- the form a profile's fingerprint keeps."""
         parts, start = [], 0
         for i in range(1, len(self.kernels) + 1):
-            if i == len(self.kernels) or self.kernels[i] != self.kernels[start]:
-                parts.append(self.kernels[start] if i == len(self.kernels) else f"{self.kernels[start]} <={BUCKETS[i - 1]}")
+            if i == len(self.kernels):
+                parts.append(self.kernels[start])
+            elif self.kernels[i] != self.kernels[start]:
+                parts.append(f"{self.kernels[start]} <={BUCKETS[i - 1]}")
                 start = i
         return ", ".join(parts)
 
@@ -97,9 +101,9 @@ class KernelChoice:
 _CHOSEN: dict[tuple, KernelChoice] = {}
 
 
-def choice_key(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> tuple:
-    return (qw.mode, *qw.shape, qw.group_size, str(dtype).removeprefix("torch."), torch.get_num_threads(),
-            device.type)
+def choice_key(mode: str, shape: tuple[int, int], group_size: int, dtype: torch.dtype,
+               device: torch.device) -> tuple:
+    return (mode, *shape, group_size, str(dtype).removeprefix("torch."), torch.get_num_threads(), device.type)
 
 
 def chosen() -> dict[tuple, KernelChoice]:
@@ -123,7 +127,7 @@ def choose(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device, pinned
     if not options:
         raise ValueError(f"no kernel computes {qw.mode} on {device.type}: use "
                          f"{', '.join(sorted({k.mode for k in KERNELS.values() if device.type in k.devices}))}")
-    key = choice_key(qw, dtype, device)
+    key = choice_key(qw.mode, qw.shape, qw.group_size, dtype, device)
     if key not in _CHOSEN:
         _CHOSEN[key] = _measure(qw, options, dtype, device) if len(options) > 1 else \
             KernelChoice((options[0].name,) * len(BUCKETS))
@@ -248,15 +252,18 @@ def _bf16_rows_in_sixteens(shape: tuple[int, int], dtype: torch.dtype) -> bool:
 register(Kernel("int8pack", "int8", ("cpu",), _int8pack,
                 accepts=lambda shape, dtype: dtype != torch.bfloat16 or _bf16_rows_in_sixteens(shape, dtype)))
 register(Kernel("int8pack-bf16", "int8", ("cpu",), _int8pack_bf16, "bfloat16", _bf16_scales, fp32_only=True,
-                accepts=_bf16_rows_in_sixteens))
+                forms=("scales_bf16",), accepts=_bf16_rows_in_sixteens))
 # On CUDA torch's int8-weight GEMM is far slower than dequantizing at use: serving Llama-3.1-8B on
 # an H200 it made 21 tokens/s at batch 16 where fp8 weights dequantized at use made 298
 # (bench/gpu_quant.py, 2026-11-29). No GPU was lent since to race them per shape: CUDA dequantizes.
 register(Kernel("dequantize-int8", "int8", ("cpu", "cuda"), _dequantized))
 register(Kernel("int4pack", "int4", ("cpu",), _int4pack))
-register(Kernel("int4pack-bf16", "int4", ("cpu",), _int4pack_bf16, "bfloat16", _bf16_scales, fp32_only=True))
+register(Kernel("int4pack-bf16", "int4", ("cpu",), _int4pack_bf16, "bfloat16", _bf16_scales, fp32_only=True,
+                forms=("scales_bf16",)))
 register(Kernel("tinygemm", "int4", ("cuda",), _tinygemm, "bfloat16"))
 register(Kernel("dequantize-fp8", "fp8", ("cpu", "cuda"), _dequantized))  # storage only: no fp8 GEMM in torch
 # fbgemm keeps its packed matrix and the original beside it (2 bytes a weight); oneDNN its packed one.
-register(Kernel("fbgemm-w8a8", "w8a8", ("cpu",), _fbgemm_w8a8, "int8", _prepare_fbgemm, weight_form="fbgemm"))
-register(Kernel("onednn-w8a8", "w8a8", ("cpu",), _onednn_w8a8, "int8", _prepare_onednn, weight_form="onednn"))
+register(Kernel("fbgemm-w8a8", "w8a8", ("cpu",), _fbgemm_w8a8, "int8", _prepare_fbgemm, weight_form="fbgemm",
+                forms=("fbgemm",)))
+register(Kernel("onednn-w8a8", "w8a8", ("cpu",), _onednn_w8a8, "int8", _prepare_onednn, weight_form="onednn",
+                forms=("onednn", "onednn_zeros")))

@@ -55,15 +55,11 @@ class QuantizedWeight:
         for kernel in kernels:
             if kernel.prepare is not None:
                 kernel.prepare(self)
-        keep = {form for k in kernels for form in _FORMS.get(k.name, ())}
+        keep = {form for k in kernels for form in k.forms}
         self.prepared = {k: v for k, v in self.prepared.items() if k in keep}
         if all(k.weight_form != "data" for k in kernels):
             self.data = self.data[:0]
 
-
-# The prepared forms each kernel reads.
-_FORMS = {"int8pack-bf16": ("scales_bf16",), "int4pack-bf16": ("scales_bf16",), "fbgemm-w8a8": ("fbgemm",),
-          "onednn-w8a8": ("onednn", "onednn_zeros")}
 
 
 def quantize_weight(weight: torch.Tensor, mode: str, group_size: int = 128) -> QuantizedWeight:
