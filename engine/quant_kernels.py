@@ -136,7 +136,9 @@ def choose(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device, pinned
 
 def _measure(qw: QuantizedWeight, options: list[Kernel], dtype: torch.dtype, device: torch.device) -> KernelChoice:
     """Time each candidate at each bucket (median of 5 after a warm-up), smallest bucket first; a
-    kernel over twice the best's time leaves the race (times grow with rows: it will not win later)."""
+    kernel over 8x the best's time leaves the race. Ranks do change with rows (a weight cast to
+    bfloat16 at each use ran 4x slower than torch's int8 kernel at one row and 1.7x faster at 64),
+    but not by that much between buckets, and the slowest candidates cost seconds at 256 rows."""
     for kernel in options:
         if kernel.prepare is not None:
             kernel.prepare(qw)
@@ -160,7 +162,7 @@ def _measure(qw: QuantizedWeight, options: list[Kernel], dtype: torch.dtype, dev
             picks.append(best)
             for kernel in options:
                 ratios[kernel.name] += times[kernel.name] / times[best] if kernel.name in times else float("inf")
-            racing = [k for k in racing if times[k.name] <= 2 * times[best]]
+            racing = [k for k in racing if times[k.name] <= 8 * times[best]]
     if len({KERNELS[name].weight_form for name in picks}) > 1:  # one copy of the weight: the best kernel overall
         picks = [min(ratios, key=ratios.get)] * len(BUCKETS)
     return KernelChoice(tuple(picks))
@@ -168,9 +170,30 @@ def _measure(qw: QuantizedWeight, options: list[Kernel], dtype: torch.dtype, dev
 
 # -- the kernels -------------------------------------------------------------------------------
 
+def widen_codes(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 / fp8 codes as floats of `dtype` (exact for bfloat16 and wider).
+
+    torch's CPU cast of float8_e4m3fn is scalar (13 ms for 8.4M codes here); moving its bits into
+    bfloat16's layout, with bfloat16's exponent bias fixed by one multiply by 2^120, took 2 ms.
+    e4m3's subnormals land on bfloat16 subnormals, which the multiply makes normal again; its NaN
+    codes (which quantize_weight never writes) would read as +-480."""
+    if codes.dtype != torch.float8_e4m3fn or codes.device.type != "cpu":
+        return codes.to(dtype)
+    x = codes.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the sign
+    bits = torch.bitwise_and(x, 0x7F).bitwise_left_shift_(4).bitwise_or_(torch.bitwise_and(x, -32768))
+    return bits.view(torch.bfloat16).mul_(2.0 ** 120).to(dtype)
+
+
 def _dequantized(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """int8 / fp8: the float weight made at each use, in the activations' dtype."""
-    return x @ (qw.data.to(x.dtype) * qw.scales.to(x.dtype)[:, None]).t()
+    return x @ (widen_codes(qw.data, x.dtype) * qw.scales.to(x.dtype)[:, None]).t()
+
+
+def _bf16_gemm(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """int8 / fp8: the stored codes cast to bfloat16 (exact: both fit its 8-bit significand), one
+    bfloat16 GEMM, the per-channel scale applied to its output rather than to the weight."""
+    y = torch.nn.functional.linear(x.to(torch.bfloat16), widen_codes(qw.data, torch.bfloat16))
+    return y.to(x.dtype).mul_(qw.scales.to(x.dtype))
 
 
 def _int8pack(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
@@ -257,11 +280,15 @@ register(Kernel("int8pack-bf16", "int8", ("cpu",), _int8pack_bf16, "bfloat16", _
 # an H200 it made 21 tokens/s at batch 16 where fp8 weights dequantized at use made 298
 # (bench/gpu_quant.py, 2026-11-29). No GPU was lent since to race them per shape: CUDA dequantizes.
 register(Kernel("dequantize-int8", "int8", ("cpu", "cuda"), _dequantized))
+# bfloat16 GEMMs run at twice fp32's rate on CPUs with AVX512-BF16, so at 64+ rows the cast pays for itself
+# where torch's int8-weight kernel ran at 0.6-0.75x fp32 (bench/linear_backends.py).
+register(Kernel("bf16gemm-int8", "int8", ("cpu",), _bf16_gemm, "bfloat16", fp32_only=True))
 register(Kernel("int4pack", "int4", ("cpu",), _int4pack))
 register(Kernel("int4pack-bf16", "int4", ("cpu",), _int4pack_bf16, "bfloat16", _bf16_scales, fp32_only=True,
                 forms=("scales_bf16",)))
 register(Kernel("tinygemm", "int4", ("cuda",), _tinygemm, "bfloat16"))
 register(Kernel("dequantize-fp8", "fp8", ("cpu", "cuda"), _dequantized))  # storage only: no fp8 GEMM in torch
+register(Kernel("bf16gemm-fp8", "fp8", ("cpu",), _bf16_gemm, "bfloat16", fp32_only=True))
 # fbgemm keeps its packed matrix and the original beside it (2 bytes a weight); oneDNN its packed one.
 register(Kernel("fbgemm-w8a8", "w8a8", ("cpu",), _fbgemm_w8a8, "int8", _prepare_fbgemm, weight_form="fbgemm",
                 forms=("fbgemm",)))

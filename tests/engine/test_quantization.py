@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from engine import LLMEngine, SamplingParams
 from engine.linear import Linear
-from engine.quant_kernels import BUCKETS, KERNELS, KernelChoice, candidates
+from engine.quant_kernels import BUCKETS, KERNELS, KernelChoice, candidates, widen_codes
 from engine.quantization import dequantize, quantize_weight
 from tests.device import ON_CUDA, TEST_DEVICE, engine_config
 
@@ -45,6 +45,14 @@ def test_every_kernel_computes_its_dequantized_weight(mode, group, kernel) -> No
         assert torch.allclose(layer(x), expected, rtol=1e-4, atol=1e-5)
     weight_error = relative_error(stored, weight)
     assert 0 < weight_error < {"int8": 0.01, "w8a8": 0.01, "fp8": 0.05, "int4": 0.15}[mode]  # a real approximation
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_codes_widen_exactly(dtype) -> None:
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(torch.float8_e4m3fn)  # every code but NaN, subnormals included
+    assert torch.equal(widen_codes(codes, dtype), codes.to(dtype))
+    assert torch.equal(widen_codes(codes.view(torch.int8), dtype), codes.view(torch.int8).to(dtype))
 
 
 def test_a_measured_choice_is_a_candidate_per_bucket_made_once_per_shape() -> None:
