@@ -179,8 +179,9 @@ def widen_codes(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     codes (which quantize_weight never writes) would read as +-480."""
     if codes.dtype != torch.float8_e4m3fn or codes.device.type != "cpu":
         return codes.to(dtype)
-    x = codes.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the sign
-    bits = torch.bitwise_and(x, 0x7F).bitwise_left_shift_(4).bitwise_or_(torch.bitwise_and(x, -32768))
+    # Sign-extended to 16 bits and shifted left by 4, a code's magnitude lands on bfloat16's
+    # bits 4-10 and its sign on bit 15 (and 11-14): the mask 0x87F0 keeps those two.
+    bits = codes.view(torch.int8).to(torch.int16).bitwise_left_shift_(4).bitwise_and_(-0x7810)
     return bits.view(torch.bfloat16).mul_(2.0 ** 120).to(dtype)
 
 
