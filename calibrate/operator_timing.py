@@ -189,10 +189,9 @@ class OperatorTimer:
             return lambda: norm(x)
         if name == "rope":
             rotary = RotaryEmbedding(c.rope, c.head_dim, max(tokens, 2)).to(self.device)
-            q = self._tensor(tokens, c.num_heads, c.head_dim)
-            k = self._tensor(tokens, c.num_kv_heads, c.head_dim)
+            qk = self._tensor(tokens, c.num_heads + c.num_kv_heads, c.head_dim)  # as engine/model.py rotates them
             positions = torch.arange(tokens, device=self.device)
-            return lambda: apply_rotary(q, k, *rotary(positions, self.torch_dtype))
+            return lambda: apply_rotary(qk, *rotary(positions, self.torch_dtype))
         if name == "swiglu":
             gate_up = self._tensor(tokens, 2 * c.intermediate_size)
             return lambda: (lambda g, u: F.silu(g) * u)(*gate_up.split(c.intermediate_size, dim=-1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
@@ -33,10 +34,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # transformers' order: normalise in float32, round to the model's dtype, then scale.
+        if x.dtype == torch.float32:  # nothing to round: one fused op
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.to(torch.float32), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -55,13 +56,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # queries and keys rotated in one pass over their adjacent heads
+            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
+                                                                       self.head_dim), *rope)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
+            q = apply_rotary(self.q_norm(q.view(-1, self.num_heads, self.head_dim)), *rope)
+            k = apply_rotary(self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim)), *rope)
         out = meta.attention(q, k, v, cache, self.layer, self.window, self.scale)
         out = self.o_proj(out.reshape(-1, self.q_size))
         return out if self.group is None else self.group.all_reduce(out)
