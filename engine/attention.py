@@ -211,7 +211,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
         keys = keys.repeat_interleave(group, dim=0)
         values = values.repeat_interleave(group, dim=0)
         mask = p.masks[window]
-        attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
-                                              scale=scale)
-        out[p.token_begin:p.token_end] = attn.transpose(0, 1)
+        # Batched (4-D): torch's fused kernels take only 4-D inputs; 3-D ones fell back to the math
+        # path, which on CPU ran 1.5-5x slower for 128-1024-token chunks.
+        attn = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=mask,
+                                              is_causal=mask is None, scale=scale)
+        out[p.token_begin:p.token_end] = attn[0].transpose(0, 1)
     return out
