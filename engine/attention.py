@@ -180,7 +180,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
             attn = F.scaled_dot_product_attention(queries, keys.view(num_kv_heads, batch, -1, head_dim),
                                                   values.view(num_kv_heads, batch, -1, head_dim), attn_mask=mask,
                                                   scale=scale)
-        if d.every_row:
+        if d.every_row:  # the step's only attention batch: its output is the step's
             return attn.transpose(0, 1).reshape(batch, num_heads, head_dim)
         out[d.token_index] = attn.transpose(0, 1).reshape(batch, num_heads, head_dim)
 

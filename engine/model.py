@@ -57,15 +57,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, cache: KVCache) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        qk = qkv[:, :self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:  # queries and keys rotated in one pass over their adjacent heads
-            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
-                                                                       self.head_dim), *rope)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        heads = [self.num_heads, self.num_kv_heads]
+        if self.q_norm is None:  # queries and keys are adjacent heads: rotated in one pass
+            q, k = apply_rotary(qk, *rope).split(heads, dim=1)
         else:
-            q, k = qkv[:, :self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
-            q = apply_rotary(self.q_norm(q.view(-1, self.num_heads, self.head_dim)), *rope)
-            k = apply_rotary(self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim)), *rope)
+            q, k = qk.split(heads, dim=1)
+            q, k = apply_rotary(self.q_norm(q), *rope), apply_rotary(self.k_norm(k), *rope)
         out = meta.attention(q, k, v, cache, self.layer, self.window, self.scale)
         out = self.o_proj(out.reshape(-1, self.q_size))
         return out if self.group is None else self.group.all_reduce(out)

@@ -136,9 +136,9 @@ def choose(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device, pinned
 
 def _measure(qw: QuantizedWeight, options: list[Kernel], dtype: torch.dtype, device: torch.device) -> KernelChoice:
     """Time each candidate at each bucket (median of 5 after a warm-up), smallest bucket first; a
-    kernel over 8x the best's time leaves the race. Ranks do change with rows (a weight cast to
-    bfloat16 at each use ran 4x slower than torch's int8 kernel at one row and 1.7x faster at 64),
-    but not by that much between buckets, and the slowest candidates cost seconds at 256 rows."""
+    kernel over 8x the best's time leaves the race. Ranks do change with rows (a weight cast at
+    each use loses at one row and can win at 64), but not by 8x between buckets, and the slowest
+    candidates cost seconds at 256 rows."""
     for kernel in options:
         if kernel.prepare is not None:
             kernel.prepare(qw)
