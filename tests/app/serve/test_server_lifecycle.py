@@ -50,8 +50,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks() -> None:
 
 
 def test_a_full_queue_gets_429_with_retry_after() -> None:
-    with running_server(ByteTokenizer(), max_queued_requests=1, max_num_seqs=1) as (url, state):
-        first = open_stream(url, [1, 2, 3], 100)
+    # The first request must still be running when the third arrives: it asks for as many tokens
+    # as the model's positions allow, and is aborted when its stream closes.
+    with running_server(ByteTokenizer(), max_queued_requests=1, max_num_seqs=1, max_model_len=512) as (url, state):
+        first = open_stream(url, [1, 2, 3], 509)
         next_chunk(first[2])  # running
         second = open_stream(url, [4, 5, 6], 4)
         wait_for(lambda: state.loop.state.waiting == 1)
