@@ -35,9 +35,9 @@ def next_chunk(lines) -> dict:
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks() -> None:
-    with running_server(ByteTokenizer()) as (url, state):
+    with running_server(ByteTokenizer(), max_model_len=512) as (url, state):
         free_at_start = state.loop.state.free_blocks
-        client, response, lines = open_stream(url, list(range(1, 40)), 80)
+        client, response, lines = open_stream(url, list(range(1, 40)), 470)  # running until it is aborted
         next_chunk(lines), next_chunk(lines)
         wait_for(lambda: state.loop.state.free_blocks < free_at_start)
         response.close()
