@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from app.common import fail, wide_console
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 
 def predict_command(
@@ -49,12 +51,13 @@ def predict_command(
             raise ValueError("--routing-skew must be >= 0 (0: uniform)")
         from simulator.catalog.engines import load_engine
 
-        cost_model = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
-        cost_model.use_engine(load_engine(engine, engine_file, cost_model.accelerator.profiled), max_num_seqs,
-                              max_num_batched_tokens)
+        device = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
+        cost_model = device.with_engine(load_engine(engine, engine_file, device.accelerator.profiled), max_num_seqs,
+                                        max_num_batched_tokens)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
-        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel,
-                                    routing_skew=routing_skew)
+        # The simulator's own step for this shape (its default block size: the engine's padded decodes).
+        shape = ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel, routing_skew=routing_skew)
+        step = step_cost(cost_model, shape, chunks)
     except ValueError as exc:
         fail(str(exc))
     result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype, "engine": cost_model.engine.id,

@@ -85,10 +85,11 @@ def calibrated_models(pair: Path, profiles: dict[str, Path], weights: dict, prom
         models[which] = CostModel.load("cpu-local", profile=str(profiles[which]))
     target_spec = load_model(str(pair / "target" / "config.json"))
     draft_spec = load_model(str(pair / "draft" / "config.json"))
-    fit_framework(models["target"], Profile.load(profiles["target"]),
-                  target_observations(log, target_spec, "fp32", BLOCK_SIZE))
-    fit_framework(models["draft"], Profile.load(profiles["draft"]),
-                  draft_observations(log, draft_spec, "fp32", BLOCK_SIZE, models["draft"]))
+    models["target"] = models["target"].with_framework(fit_framework(
+        models["target"], Profile.load(profiles["target"]), target_observations(log, target_spec, "fp32", BLOCK_SIZE)))
+    models["draft"] = models["draft"].with_framework(fit_framework(
+        models["draft"], Profile.load(profiles["draft"]),
+        draft_observations(log, draft_spec, "fp32", BLOCK_SIZE, models["draft"])))
     return models["target"], models["draft"], len(log.target), len(log.draft)
 
 

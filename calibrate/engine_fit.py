@@ -36,6 +36,7 @@ from calibrate.real_runs import METRICS
 from calibrate.run_replay import MeasuredRun, Replayed, replay
 from simulator.catalog.engines import INTERVAL, EngineProfile, residual_quantile
 from simulator.cost.model import CostModel
+from simulator.fleet.costs import cost_model_for
 
 FIT_METRICS = ("e2e_mean", "ttft_mean", "tpot")
 # An overloaded run's latencies are its queue's, but its TPOT is the step at a full batch of long
@@ -110,9 +111,7 @@ def fit_scale(run: MeasuredRun, time_scale: float, min_s: float = MIN_FIT_S) -> 
 
 def predict(profile: EngineProfile, run: MeasuredRun, time_scale: float) -> Replayed:
     config = run.sim_config()
-    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
-    cost_model.use_engine(profile, config.max_num_seqs, config.max_num_batched_tokens)
-    return replay(run, cost_model, time_scale, config)
+    return replay(run, cost_model_for(config, engine=profile), time_scale, config)
 
 
 def fit_metrics(run: MeasuredRun) -> tuple[str, ...]:

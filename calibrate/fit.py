@@ -18,6 +18,8 @@ from scipy.optimize import least_squares
 
 from simulator.cost.efficiency import EfficiencyCurve
 from simulator.cost.profile_format import Measurement
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 # Plateaus may exceed 1: a device's measured peaks (a square matmul, a large copy) are not hard
 # limits for every shape (cache-resident weights read faster than a DRAM copy). The cost model
@@ -236,13 +238,13 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
 
     spec = load_model("llama-2-70b")
     rows = [r for r in splitwise_rows(shared / "reference" / "perf_model.csv") if r["hardware"] == "a100-80gb"]
-    model = CostModel(get_accelerator("a100-80gb"), dict(curves), {"unvalidated": 0.5})
+    plain = CostModel(get_accelerator("a100-80gb"), dict(curves), {"unvalidated": 0.5})
     measured = np.array([r["decode_measured_s"] for r in rows])
 
     def predicted(v):
-        model.collective = {**all_reduce, "base_s": float(v[0]), "per_hop_s": float(v[1])}
-        return np.array([model.step_time([Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"], spec, tp=r["tp"],
-                                         dtype="fp16").total_s for r in rows])
+        model = plain.with_collective({**all_reduce, "base_s": float(v[0]), "per_hop_s": float(v[1])})
+        return np.array([step_cost(model, ReplicaShape(spec, tp=r["tp"], dtype="fp16", block_size=None),
+                                   [Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"]).total_s for r in rows])
 
     fit = least_squares(lambda v: np.log(predicted(v)) - np.log(measured), [all_reduce["base_s"], all_reduce["per_hop_s"]],
                         bounds=([0, 0], [1e-3, 1e-3]))

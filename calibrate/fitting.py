@@ -17,11 +17,14 @@ from simulator.catalog.models import ModelSpec
 from simulator.cost.curves import additive, curve_keys_of, fallback, work_of
 from simulator.cost.efficiency import EfficiencyCurve
 from simulator.cost.fitted import FittedTerms
-from simulator.cost.host import (FRAMEWORK_TERMS, MOE_TERMS, SHAPE_CHANGE_TERMS, VERIFY_TERMS, host_features,
-                                 moe_host_features, shape_change_features)
+from simulator.cost.host import (FRAMEWORK_TERMS, MOE_TERMS, SHAPE_CHANGE_TERMS, VERIFY_TERMS, moe_host_features,
+                                 shape_change_features)
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile, forward_contexts
 from simulator.cost.types import Chunk, StepObservation
+from simulator.fleet.costs import cost_model_for
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import StepTimer, scheduled
 
 
 def load_cost_model(hardware: str, profile: str | Path | Profile | None = None,
@@ -34,20 +37,19 @@ def load_cost_model(hardware: str, profile: str | Path | Profile | None = None,
     if model.profile is None:
         return model
     fitted = FittedTerms.beside(profile) if not steps else None
-    model.apply(fitted if fitted is not None else fit_profile(model, model.profile, steps))
-    return model
+    return model.with_fitted(fitted if fitted is not None else fit_profile(model, model.profile, steps))
 
 
 def fit_profile(model: CostModel, profile: Profile, steps: Sequence[StepObservation] = ()) -> FittedTerms:
     """Fit the unfitted model's curves, then its framework terms, on a profile (and observed steps)."""
-    fit_curves(model, profile)
-    fit_framework(model, profile, steps)
-    return FittedTerms(dict(model.curves), dict(model.framework))
+    curves = {**model.curves, **fit_curves(model, profile)}
+    framework = fit_framework(model.with_fitted(FittedTerms(curves, model.framework)), profile, steps)
+    return FittedTerms(curves, dict(framework))
 
 
 def fit_curves(model: CostModel, profile: Profile, min_points: int = 6) -> dict[str, EfficiencyCurve]:
-    """Fit this device's own efficiency curves on a profile, per operator and per family; the
-    model takes them (and they are returned)."""
+    """This device's own efficiency curves fitted on a profile, per operator and per family (each
+    operator's on the shape of its family's, fitted first)."""
     groups: dict[str, list[tuple[Sample, str]]] = defaultdict(list)
     for m in profile.measurements:
         work = work_of(m)
@@ -58,17 +60,18 @@ def fit_curves(model: CostModel, profile: Profile, min_points: int = 6) -> dict[
     # Families first (many points, full curve), then each operator's own levels on its family's shape.
     families = [k for k in groups if ":" not in k]
     fitted: dict[str, EfficiencyCurve] = {}
+    curves = dict(model.curves)  # the shipped ones, each replaced as it is fitted
     for key in sorted(groups, key=lambda k: (k not in families, k)):
         samples = groups[key]
         if len(samples) < min_points:
             continue
         dtype = samples[0][1]
         family = fallback(key) if key not in families else None
-        shape = model.curves.get(family) if family in groups else None
+        shape = curves.get(family) if family in groups else None
         fitted[key] = fit_curve([s for s, _ in samples], model.peak_flops(dtype), model.bandwidth_for(key),
-                                start=None if key in families else model.curves.get(key), shape_from=shape,
+                                start=None if key in families else curves.get(key), shape_from=shape,
                                 additive=additive(key))
-        model.set_curve(key, fitted[key])
+        curves[key] = fitted[key]
     return fitted
 
 
@@ -94,13 +97,16 @@ def fit_framework(model: CostModel, profile: Profile, steps: Sequence[StepObserv
     any engine steps observed on this device (steps) -- on the sum of their operators'
     predictions (scaled) plus per-step and per-layer terms in chunks, prefill chunks, decode
     attention groups and tokens; and where steps were observed in order (previous_tokens), what
-    a change of step shape costs (SHAPE_CHANGE_TERMS). The model takes the terms (and they are
-    returned); too few steps to fit leave it as it was."""
+    a change of step shape costs (SHAPE_CHANGE_TERMS). Returns the terms (the model's own where
+    there are too few steps to fit); model.with_framework(terms) is the fitted model."""
     observations = list(steps) + profiled_forwards(profile)
     rows, measured, has_prefill, chunk_counts, verify_rows, moe_rows, shape_rows = [], [], [], [], [], [], []
     for o in observations:
-        ops = model.step_time(o.chunks, o.model, 1, o.dtype, include_host=False, block_size=o.block_size).total_s
-        chunks, tokens, prefills, groups, verifying = host_features(o.chunks, o.block_size)
+        timer = StepTimer(model, ReplicaShape(o.model, dtype=o.dtype, block_size=o.block_size))
+        ops = timer.explain(scheduled(o.chunks), include_host=False).total_s
+        step = timer.compose(scheduled(o.chunks))
+        chunks, tokens, prefills, groups, verifying = (step.chunks, step.tokens, step.prefill_chunks, step.groups,
+                                                       step.verifying)
         layers = o.model.num_layers
         features = [1.0, chunks, prefills, groups, tokens]
         rows.append([ops, *features, *(layers * x for x in features)])
@@ -141,14 +147,15 @@ def fit_framework(model: CostModel, profile: Profile, steps: Sequence[StepObserv
         predicted = np.maximum(a @ coefficients, 1e-9)
         weights = balance / predicted
         coefficients, _ = nnls(a * weights[:, None], b * weights)
-    model.framework = dict(zip(terms, (float(c) for c in coefficients)))
-    return model.framework
+    return dict(zip(terms, (float(c) for c in coefficients)))
 
 
 def cost_models_for(config) -> tuple[CostModel, CostModel | None]:
-    """A SimConfig's cost model and its speculative draft's (None: the target's serves it),
-    fitted on their profiles where the config names them."""
-    target = load_cost_model(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    """A SimConfig's cost model (simulator/fleet/costs.py: under its serving engine) and its
+    speculative draft's (None: the target's serves it), fitted on their profiles where the config
+    names them."""
+    target = cost_model_for(config, load_cost_model(config.hardware, profile=config.profile,
+                                                    hardware_file=config.hardware_file))
     draft = load_cost_model(config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file) \
         if config.draft_profile is not None else None
     return target, draft

@@ -20,6 +20,8 @@ from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.catalog.models import load_model
 from simulator.cost.profile_format import Measurement, Profile
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 
 def operator_label(m: Measurement) -> str:
@@ -33,7 +35,7 @@ def operator_label(m: Measurement) -> str:
 def predict_measurement(model: CostModel, m: Measurement) -> float:
     p = dict(m.params)
     if m.op == "gemm":
-        return model.predict_gemm(p["m"], p["n"], p["k"], p["dtype"], m.name).time_s
+        return model.predict("gemm", p["m"], p["n"], p["k"], p["dtype"], m.name).time_s
     return model.predict(m.op, **p).time_s
 
 
@@ -72,8 +74,8 @@ def splitwise_check(perf_model_csv: Path) -> list[dict]:
     for r in rows:
         model = models[r["hardware"]]
         # Prompts of a batch are prefilled together; decode steps run at the mean context.
-        r["prefill_predicted_s"] = model.step_time([Chunk(r["prompt"], r["prompt"])] * r["batch"], spec,
-                                                   tp=r["tp"], dtype="fp16").total_s
-        r["decode_predicted_s"] = model.step_time([Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"], spec,
-                                                  tp=r["tp"], dtype="fp16").total_s
+        shape = ReplicaShape(spec, tp=r["tp"], dtype="fp16", block_size=None)
+        r["prefill_predicted_s"] = step_cost(model, shape, [Chunk(r["prompt"], r["prompt"])] * r["batch"]).total_s
+        decode = [Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"]
+        r["decode_predicted_s"] = step_cost(model, shape, decode).total_s
     return rows

@@ -6,7 +6,6 @@ fitted cost model (measure_level).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -120,7 +119,7 @@ def measure_level(setup: ValidationSetup, folder: Path, profile: str, config: Si
     probe = SpeedProbe() if setup.speed_probe else None
     level_profile, drift = refreshed_profile(setup, profile, folder / f"profile-{slug}.jsonl")
     level_config = config.model_copy(update={"profile": level_profile})
-    level_model = copy.copy(base_model)
+    level_model = base_model  # a value: the fit below makes a new one
     engine = LLMEngine.from_config(setup.model, setup.engine_config(), seed=setup.seed)
     engine.generate([[1, 2, 3, 4]] * 2, None)  # warm-up: first-call allocations stay out of the timings
     burn_in(engine, setup, setup.seed + seed_offset + 50)
@@ -157,7 +156,7 @@ def measure_level(setup: ValidationSetup, folder: Path, profile: str, config: Si
     # The profile's forward points enter the fit as timed: a probe timed beside them (back to back,
     # its data in cache) ran 0.6-0.86 times as long as between engine steps, so it cannot say how
     # fast the machine was then.
-    fit_framework(level_model, Profile.load(level_profile), calibration)
+    level_model = level_model.with_framework(fit_framework(level_model, Profile.load(level_profile), calibration))
     timer, speed = None, {}
     if probe is not None:
         # The level's steps on the simulator's timeline (seconds since its first arrival).

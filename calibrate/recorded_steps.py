@@ -73,9 +73,9 @@ def step_observations(steps: Sequence[RecordedStep], config: SimConfig, cost_mod
     out = []
     for step, previous_tokens, factor in zip(steps, previous_step_tokens(steps), slowdown):
         cs = [Chunk(c.num_tokens, c.start + c.num_tokens, c.samples) for c in step.chunks]
-        host = cost_model.predict_step_overhead(len(cs)).time_s
+        host = cost_model.predict("step_overhead", len(cs)).time_s
         if step.idle_s > 0:
-            host += cost_model.predict_idle_wakeup(step.idle_s).time_s
+            host += cost_model.predict("idle_wakeup", step.idle_s).time_s
         out.append(StepObservation(cs, model, config.compute_dtype, config.block_size, step.seconds / factor - host,
                                    previous_tokens))
     return out
@@ -95,12 +95,13 @@ def validation_timer(config: SimConfig, cost_model: CostModel, trace: SpeedTrace
     """The StepTimer the validation times engine steps with (one replica, tp 1, unquantized
     weights); with a SpeedTrace, one that scales each step by the trace at the step's start. The
     level's simulation and its step-time errors use the same one, so they agree on every step."""
-    from simulator.fleet.speed_trace import SpeedTracedTimer
+    from simulator.cost.shape import ReplicaShape
     from simulator.cost.step_timer import StepTimer
+    from simulator.fleet.speed_trace import SpeedTracedTimer
 
     model, _, _ = config.check()
-    args = (cost_model, model, 1, 1, config.compute_dtype, None, config.cache_dtype, config.block_size)
-    return StepTimer(*args) if trace is None else SpeedTracedTimer(*args, trace=trace)
+    shape = ReplicaShape(model, dtype=config.compute_dtype, kv_dtype=config.cache_dtype, block_size=config.block_size)
+    return StepTimer(cost_model, shape) if trace is None else SpeedTracedTimer(cost_model, shape, trace)
 
 
 def step_errors(config: SimConfig, steps: Sequence[RecordedStep], cost_model: CostModel,

@@ -84,5 +84,5 @@ def draft_observations(log: SpecStepLog, model: ModelSpec, dtype: str, block_siz
     """The draft's forwards, less the scheduler overhead its step timer adds to every draft step
     (the engine runs no scheduler between draft forwards; its proposal loop stands in for one)."""
     return [StepObservation(chunks, model, dtype, block_size,
-                            max(seconds - draft_costs.predict_step_overhead(len(chunks)).time_s, 0.0))
+                            max(seconds - draft_costs.predict("step_overhead", len(chunks)).time_s, 0.0))
             for chunks, seconds in log.draft]

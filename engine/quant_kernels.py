@@ -19,12 +19,21 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.quantization import QuantizedWeight
+
+class QuantizedWeight(Protocol):
+    """What a kernel reads of a quantized layer's weight (engine/quantization.py's QuantizedWeight,
+    which imports this module to choose its kernels)."""
+
+    mode: str
+    data: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+    shape: tuple[int, int]
+    prepared: dict[str, object]
 
 
 @dataclass(frozen=True)

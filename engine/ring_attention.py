@@ -14,14 +14,23 @@ The metadata (which rows, blocks, masks) is engine/context_parallel.py's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from engine.kv_cache import KVCache
 
-if TYPE_CHECKING:
-    from engine.context_parallel import CPAttentionMetadata
+
+class CPAttentionMetadata(Protocol):
+    """What ring and gathered attention read of a rank's step (engine/context_parallel.py's
+    CPAttentionMetadata, which imports this module to attend)."""
+
+    group: Any  # the ranks' TPGroup
+    slot_mapping: torch.Tensor
+    num_gathered: int
+    gathered: Any  # GatheredQueries | None
+    ring: list  # RingChunk, chunk after chunk
+    ring_blocks: torch.Tensor | None
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 

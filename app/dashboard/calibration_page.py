@@ -15,6 +15,8 @@ from simulator.catalog.models import catalog_model_ids, load_model
 from calibrate.fitting import load_cost_model
 from simulator.cost.types import Chunk
 from simulator.cost.profile_format import Profile
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 # This device's profiles (servecast profile writes under the cache), then the measured profiles
 # the project ships (profiles/: GPU kernel times among them).
@@ -64,7 +66,7 @@ def provenance_section() -> None:
         cost_model = load_cost_model(hardware, profile=profile)
         chunks = [Chunk(1, tokens)] * batch if batch else [Chunk(tokens, tokens)]
         dtype = cost_model.profile.fingerprint.get("dtype", "bf16") if cost_model.profile is not None else "bf16"
-        step = cost_model.step_time(chunks, spec, tp=tp, dtype=dtype)
+        step = step_cost(cost_model, ReplicaShape(spec, tp=tp, dtype=dtype, block_size=None), chunks)
     except ValueError as exc:
         st.error(str(exc))
         return

@@ -8,33 +8,37 @@ in catalog/efficiency.json ("extrapolated"). Every prediction is at least the ro
 
 Each operator at one shape has one Source (CostModel.source): the simulator's step timer calls
 its time(size), predictions and reports its predict(size) -- one arithmetic. What a step runs is
-the StepRecipe's (simulator/cost/recipe.py).
+the StepRecipe's (simulator/cost/recipe.py), assembled into a step's time in one place
+(simulator/cost/step_timer.py).
+
+A CostModel is a value: its curves, profile and peaks are fixed when it is made, and what changes
+them (with_fitted, with_engine, with_curve) returns a new model, so one handed to the simulator,
+the planner or a fit is never changed under its holder.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from engine.decode_groups import padded_decode_batches
 from engine.dtypes import canonical_dtype
 from simulator.catalog.engines import EngineProfile
 from simulator.catalog.hardware import Accelerator, get_accelerator
-from simulator.catalog.models import ModelSpec
 from simulator.cost import operators
 from simulator.cost.curves import additive, fallback, streams
 from simulator.cost.efficiency import EfficiencyCurve, gemm_work
 from simulator.cost.fitted import FittedTerms
-from simulator.cost.host import FRAMEWORK_TERMS, framework_overhead, host_features, moe_host_features, shape_change_features
+from simulator.cost.host import FRAMEWORK_TERMS
 from simulator.cost.profile_format import Profile
-from simulator.cost.recipe import Op, StepRecipe
+from simulator.cost.readers import READERS
 from simulator.cost.series import Series, index_profile
 from simulator.cost.sources import Modeled, Source
-from simulator.cost.types import Chunk, Prediction, StepCost
+from simulator.cost.types import Prediction
 
 PARAMS_FILE = Path(__file__).parents[1] / "catalog" / "efficiency.json"
 
@@ -50,7 +54,7 @@ class CostModel:
         self._peak = peak_flops
         self._bandwidth = bandwidth
         self._series: dict[tuple, Series] = index_profile(profile.measurements) if profile is not None else {}
-        self._sources: dict[tuple, Source | None] = {}  # (kind, shape) -> its source; cleared when curves change
+        self._sources: dict[tuple, Source | None] = {}  # (kind, shape) -> its source, built on first use
         # A smaller working set is never slower to read: the measured curve's running maximum from
         # the large end (small reads are timed with call overhead that belongs to t0, not to bandwidth).
         self._bandwidth_envelope: list[tuple[int, float]] = []
@@ -62,7 +66,7 @@ class CostModel:
         self.framework: dict[str, float] = {}  # host.FRAMEWORK_TERMS and others, fitted in calibrate/
         # A profile of servecast's own engine: its attention pads decodes in groups (engine/decode_groups.py).
         self.pads_decodes = profile is not None and profile.source.startswith("servecast")
-        # The serving engine whose additions this model carries (use_engine); None: kernels alone.
+        # The serving engine whose additions this model carries (with_engine); None: kernels alone.
         self.engine: EngineProfile | None = None
         self.graph_sizes: tuple[int, ...] = ()  # the engine's CUDA-graph sizes for this server's limits
         # Operator family (gemm, ...) -> its speed under the engine on this device (fitted on real runs).
@@ -81,7 +85,7 @@ class CostModel:
             if fitted is None:
                 raise ValueError(f"the profile of {hardware} has no fitted terms: fit it with "
                                  "calibrate.fitting.load_cost_model (the CLI does), or pass fitted=")
-            model.apply(fitted)
+            model = model.with_fitted(fitted)
         return model
 
     @classmethod
@@ -114,25 +118,40 @@ class CostModel:
         model.collective = shipped.get("all_reduce", model.collective)
         return model
 
-    def apply(self, fitted: FittedTerms) -> None:
-        """Take the curves and framework terms fitted on this device."""
-        self.curves.update(fitted.curves)
-        self.framework = dict(fitted.framework)
-        self._sources.clear()
+    def _changed(self, **fields) -> "CostModel":
+        """A copy with these attributes replaced and its own (empty) source cache."""
+        model = copy.copy(self)
+        model.__dict__.update(fields)
+        model._sources = {}
+        return model
 
-    def use_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        """Carry a serving engine's additions (simulator/catalog/engines.py): CUDA graphs (token counts
-        padded to the capture sizes; no per-kernel launch term t0, which a graph replay does not pay
-        and a GPU-bound eager step hides), its all-reduces (operators.all_reduce), host terms, speeds."""
-        self.engine = engine
-        self.graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
-        if self.graph_sizes:
-            self.curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()}
-        self.scales = {**engine.scales, **engine.device_scales.get(self.accelerator.id, {})}
+    def with_fitted(self, fitted: FittedTerms) -> "CostModel":
+        """This device's model with the curves and framework terms fitted on it."""
+        return self._changed(curves={**self.curves, **fitted.curves}, framework=dict(fitted.framework))
+
+    def with_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int) -> "CostModel":
+        """The device's model under a serving engine (simulator/catalog/engines.py): CUDA graphs
+        (token counts padded to the capture sizes; no per-kernel launch term t0, which a graph
+        replay does not pay and a GPU-bound eager step hides), its all-reduces
+        (operators.all_reduce), host terms and speeds."""
+        graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
+        curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()} if graph_sizes else self.curves
+        framework = self.framework
         if engine.framework:
-            self.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
-                              **engine.framework}
-        self._sources.clear()
+            framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
+                         **engine.framework}
+        return self._changed(engine=engine, graph_sizes=graph_sizes, curves=curves, framework=framework,
+                             scales={**engine.scales, **engine.device_scales.get(self.accelerator.id, {})})
+
+    def with_curve(self, key: str, curve: EfficiencyCurve) -> "CostModel":
+        return self._changed(curves={**self.curves, key: curve})
+
+    def with_framework(self, framework: dict[str, float]) -> "CostModel":
+        return self._changed(framework=dict(framework))
+
+    def with_collective(self, collective: dict[str, float]) -> "CostModel":
+        """The all-reduce model's terms (base_s, per_hop_s, link_efficiency) replaced."""
+        return self._changed(collective=dict(collective))
 
     def graph_tokens(self, tokens: int) -> int:
         """The token count a step of `tokens` runs at: padded to the next CUDA-graph size, or as is
@@ -141,10 +160,6 @@ class CostModel:
         if not sizes or tokens > sizes[-1]:
             return tokens
         return sizes[bisect.bisect_left(sizes, tokens)]
-
-    def set_curve(self, key: str, curve: EfficiencyCurve) -> None:
-        self.curves[key] = curve
-        self._sources.clear()
 
     # -- device facts -------------------------------------------------------------------------
     def peak_flops(self, dtype: str) -> float:
@@ -234,167 +249,11 @@ class CostModel:
         return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name), work,
                        provenance, expected_error, self.scales.get(family, 1.0), self.scales.get(f"{family}_compute", 1.0))
 
-    # -- operators ----------------------------------------------------------------------------
-    def predict_gemm(self, m: int, n: int, k: int, dtype: str, name: str | None = None,
-                     weight_dtype: str | None = None) -> Prediction:
-        """name: the layer ('qkv_proj', 'lm_head', ...) when known, to use its own curve.
-        weight_dtype: weights stored narrower than the compute dtype (weight-only quantization)."""
-        return self.source("gemm", (n, k, canonical_dtype(dtype), name, weight_dtype)).predict(m)
-
-    def predict_attention_prefill(self, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                                  dtype: str) -> Prediction:
-        shape = (q_len, num_heads, num_kv_heads, head_dim, canonical_dtype(dtype))
-        return self.source("attention_prefill", shape).predict(kv_len)
-
-    def predict_attention_decode(self, batch: int, kv_len: int | Sequence[int], num_heads: int, num_kv_heads: int,
-                                 head_dim: int, dtype: str) -> Prediction:
-        """Decode attention of `batch` requests: the work depends on no more than their total context,
-        and a profile (equal lengths) is read at the batch's mean length."""
-        kv_lens = [kv_len] * batch if isinstance(kv_len, int) else list(kv_len)
-        if len(kv_lens) != batch:
-            raise ValueError(f"attention_decode: {len(kv_lens)} context lengths for a batch of {batch}")
-        shape = (batch, num_heads, num_kv_heads, head_dim, canonical_dtype(dtype))
-        return self.source("attention_decode", shape).predict(sum(kv_lens))
-
-    def predict_attention_verify(self, batch: int, q_len: int, kv_len: int, num_heads: int, num_kv_heads: int,
-                                 head_dim: int, dtype: str) -> Prediction:
-        """`batch` verification chunks of q_len queries, each ending at context kv_len: measured
-        (attention_verify) where profiled, otherwise read like a batch of decodes over the same keys."""
-        source = self.verify_source(q_len, num_heads, num_kv_heads, head_dim, dtype)
-        return source.predict((batch, batch * kv_len))
-
-    def verify_source(self, queries: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: str) -> Source:
-        """Sizes (chunks, their total context): operators.attention_verify, or decode attention."""
-        dtype = canonical_dtype(dtype)
-        source = self.source("attention_verify", (queries, num_heads, num_kv_heads, head_dim, dtype))
-        return source if source is not None else operators.VerifyAsDecodes(self, num_heads, num_kv_heads, head_dim, dtype)
-
-    def predict_elementwise(self, name: str, tokens: int, width: int, dtype: str) -> Prediction:
-        return self.source("elementwise", (name, width, canonical_dtype(dtype))).predict(tokens)
-
-    def predict_kv_write(self, tokens: int, num_kv_heads: int, head_dim: int, dtype: str) -> Prediction:
-        return self.source("kv_write", (num_kv_heads, head_dim, canonical_dtype(dtype))).predict(tokens)
-
-    def predict_sample(self, batch: int, vocab: int, dtype: str = "bf16") -> Prediction:
-        """Sampling over float32 logits; dtype picks the compute peak (the op is bandwidth-bound)."""
-        return self.source("sample", (vocab, canonical_dtype(dtype))).predict(batch)
-
-    def predict_all_reduce(self, nbytes: int, world: int) -> Prediction:
-        return self.source("all_reduce", (world,)).predict(nbytes)
-
-    def predict_collective(self, kind: str, nbytes: int, world: int) -> Prediction:
-        """all_to_all (each rank sends nbytes, an even share to each) or kv_ring (a CP ring hop: nbytes to the next)."""
-        return self.source(kind, (world,)).predict(nbytes)
-
-    def predict_moe_experts(self, rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,
-                            weight_dtype: str | None = None) -> Prediction:
-        return operators.moe_experts_prediction(self, rows_per_expert, active, hidden, ffn, canonical_dtype(dtype),
-                                                weight_dtype)
-
-    def predict_moe_dispatch(self, tokens: int, num_experts: int, top_k: int, hidden: int, dtype: str) -> Prediction:
-        return self.source("moe_dispatch", (num_experts, top_k, hidden, canonical_dtype(dtype))).predict(tokens)
-
-    def kv_dequant_timer(self, kv_dtype: str | None, num_kv_heads: int, head_dim: int,
-                         dtype: str) -> Callable[[int], float] | None:
-        return operators.kv_dequant_timer(self, kv_dtype, num_kv_heads, head_dim, canonical_dtype(dtype))
-
-    def predict_step_overhead(self, batch: int) -> Prediction:
-        # Without a profile the host-side cost is unknown; it is hidden behind GPU work in a
-        # well-pipelined engine, so it counts as zero there.
-        return self.source("step_overhead", ()).predict(batch)
-
-    def predict_idle_wakeup(self, idle_s: float) -> Prediction:
-        """Extra time of the first step after idle_s seconds without work: interpolated from the
-        profile's measurements (none below the shortest idle measured); zero without them."""
-        series = self._series.get(("idle_wakeup",))
-        idle_ms = idle_s * 1e3
-        if series is None or idle_ms < series.sizes[0]:
-            return Prediction(0.0, "extrapolated" if series is None else "interpolated", 0.0)
-        t, provenance = series.at(max(1, round(idle_ms)))
-        return Prediction(t if idle_ms < series.sizes[-1] else series.times[-1], provenance,
-                          self.errors[provenance])
-
-    def predict_framework(self, num_chunks: int, tokens: int, layers: int, operators_s: float = 0.0,
-                          prefill_chunks: int = 0, decode_groups: int = 0, verifying: int = 0,
-                          moe: tuple[float, float] = (0.0, 0.0)) -> Prediction:
-        """What a whole step costs beyond the sum of its operators (operators_s): input
-        preparation, Python and framework dispatch per layer and per step, and the operators'
-        in-situ speed relative to their isolated timings (operator_scale). Zero without
-        whole-forward measurements."""
-        f = self.framework
-        if not f:
-            return Prediction(0.0, "extrapolated", 0.0)
-        t = (f["operator_scale"] - 1.0) * operators_s + framework_overhead(
-            f, num_chunks, prefill_chunks, decode_groups, tokens, layers, verifying, moe)
-        return Prediction(t, "fitted", self.errors.get("fitted", 0.15))
-
-    def predict_shape_change(self, previous_tokens: int | None, tokens: int) -> Prediction:
-        """Extra time of a step of `tokens` tokens right after one of previous_tokens
-        (host.SHAPE_CHANGE_TERMS); zero where they were not fitted, or without a previous step."""
-        f = self.framework
-        if "step_per_halving_s" not in f:
-            return Prediction(0.0, "extrapolated", 0.0)
-        halvings, doublings = shape_change_features(previous_tokens, tokens)
-        return Prediction(halvings * f["step_per_halving_s"] + doublings * f["step_per_doubling_s"],
-                          "fitted", self.errors.get("fitted", 0.15))
-
-    def predict(self, op: str, **params) -> Prediction:
-        """Any operator by its profile name and keys (as in simulator/cost/profile_format.py)."""
-        methods = {"gemm": self.predict_gemm, "attention_prefill": self.predict_attention_prefill,
-                   "attention_decode": self.predict_attention_decode,
-                   "attention_verify": self.predict_attention_verify, "elementwise": self.predict_elementwise,
-                   "kv_write": self.predict_kv_write, "sample": self.predict_sample,
-                   "all_reduce": self.predict_all_reduce, "step_overhead": self.predict_step_overhead,
-                   "framework": self.predict_framework, "idle_wakeup": self.predict_idle_wakeup,
-                   "shape_change": self.predict_shape_change}
-        if op not in methods:
-            raise ValueError(f"unknown operator {op!r}; known: {', '.join(methods)}")
-        return methods[op](**params)
-
-    # -- a whole step -------------------------------------------------------------------------
-    def add_ops(self, cost: StepCost, ops: Sequence[Op], rows: int) -> None:
-        """A recipe's token or head operators for a step of `rows` rows."""
-        for op in ops:
-            cost.add(op.name, self.source(op.kind, op.shape).predict(op.size(rows)), op.count)
-
-    def step_time(self, chunks: Sequence[Chunk], model: ModelSpec, tp: int = 1, dtype: str = "bf16",
-                  include_host: bool = True, block_size: int | None = None, expert_parallel: bool = False,
-                  routing_skew: float = 0.0, weight_dtype: str | None = None) -> StepCost:
-        """Time of one engine step computing the given chunks: the recipe's token operators over all
-        tokens, attention per chunk (prefill chunks one by one, decodes batched -- in the engine's
-        padded batches where block_size is given and the profile is of servecast's engine --
-        verification chunks together), the LM head and sampling for the rows that sample, and
-        (include_host) the scheduler's overhead and the framework overhead that the operators
-        leave out (fitted on whole-forward measurements where the profile has them)."""
-        cost = StepCost(0.0)
-        if not chunks:
-            return cost
-        recipe = StepRecipe.of(model, tp, dtype, weight_dtype, expert_parallel, routing_skew)
-        dtype, layers, hd = recipe.dtype, recipe.layers, model.head_dim
-        self.add_ops(cost, recipe.token_ops, self.graph_tokens(sum(c.num_tokens for c in chunks)))
-        for c in chunks:
-            if c.num_tokens > 1 and not c.verify:
-                cost.add("attention_prefill", self.predict_attention_prefill(
-                    c.num_tokens, c.context_len, recipe.heads, recipe.kv_heads, hd, dtype), layers)
-        decodes = [c.context_len for c in chunks if c.num_tokens == 1]
-        if decodes:
-            batches = padded_decode_batches(decodes, block_size) if block_size is not None and self.pads_decodes \
-                else [(len(decodes), decodes)]
-            for batch, contexts in batches:
-                cost.add("attention_decode", self.predict_attention_decode(
-                    batch, contexts, recipe.heads, recipe.kv_heads, hd, dtype), layers)
-        verifying = [c for c in chunks if c.num_tokens > 1 and c.verify]
-        if verifying:
-            source = self.verify_source(max(c.num_tokens for c in verifying), recipe.heads, recipe.kv_heads, hd, dtype)
-            cost.add(source.name, source.predict((len(verifying), sum(c.context_len for c in verifying))), layers)
-        # Every verified row goes through the LM head (and is compared), not only the sampled one.
-        sampled = sum((c.num_tokens if c.verify else 1) for c in chunks if c.samples)
-        if sampled:
-            self.add_ops(cost, recipe.head_ops, sampled)
-        if include_host:
-            operators_s = cost.total_s
-            cost.add("step_overhead", self.predict_step_overhead(len(chunks)))
-            num_chunks, tokens, prefills, groups, verify = host_features(chunks, block_size)
-            cost.add("framework", self.predict_framework(num_chunks, tokens, layers, operators_s, prefills,
-                                                         groups, verify, moe_host_features(model, tokens)))
-        return cost
+    # -- predictions -------------------------------------------------------------------------
+    def predict(self, kind: str, *args, **params) -> Prediction:
+        """Any operator or framework term by its kind (readers.READERS: the profile's operator
+        names, plus step_overhead, framework, idle_wakeup and shape_change) and its parameters."""
+        reader = READERS.get(kind)
+        if reader is None:
+            raise ValueError(f"unknown operator {kind!r}; known: {', '.join(READERS)}")
+        return reader(self, *args, **params)

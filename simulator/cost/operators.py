@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES
 from simulator.cost.curves import curve_key
@@ -15,13 +14,10 @@ from simulator.cost.efficiency import (decode_attention_work_total, elementwise_
 from simulator.cost.moe import step_load
 from simulator.cost.series import Series, across_counts
 from simulator.cost.sources import Composite, Formula, Measured, Source
-from simulator.cost.types import Prediction
-
-if TYPE_CHECKING:
-    from simulator.cost.model import CostModel
+from simulator.cost.types import CostReader, Prediction
 
 
-def gemm(cm: "CostModel", n: int, k: int, dtype: str, name: str | None, weight_dtype: str | None) -> Source:
+def gemm(cm: CostReader, n: int, k: int, dtype: str, name: str | None, weight_dtype: str | None) -> Source:
     """weight_dtype narrower than dtype (weight-only quantization): measured with the engine's
     quantized kernels (gemm_quant) where profiled, else the same curve over fewer weight bytes --
     never a profile's point of other weights."""
@@ -41,7 +37,7 @@ def gemm(cm: "CostModel", n: int, k: int, dtype: str, name: str | None, weight_d
     return cm.modeled(curve_key("gemm", name), dtype, lambda m: gemm_work(m, n, k, dtype))
 
 
-def attention_prefill(cm: "CostModel", q_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> Source:
+def attention_prefill(cm: CostReader, q_len: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> Source:
     """Size: the context (kv_len) the chunk's q_len queries attend to."""
     series = cm.series(("attention_prefill", q_len, heads, kv_heads, head_dim, dtype))
     if series is not None:
@@ -50,7 +46,7 @@ def attention_prefill(cm: "CostModel", q_len: int, heads: int, kv_heads: int, he
                       lambda kv: prefill_attention_work(q_len, kv, heads, kv_heads, head_dim, dtype))
 
 
-def attention_decode(cm: "CostModel", batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> Source:
+def attention_decode(cm: CostReader, batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> Source:
     """Size: the batch's total context; a profile (equal lengths) is read at its mean."""
     series = cm.series(("attention_decode", batch, heads, kv_heads, head_dim, dtype))
     if series is not None:
@@ -68,7 +64,7 @@ class AttentionVerify(Source):
 
     name = "attention_verify"
 
-    def __init__(self, cm: "CostModel", by_batch: dict[int, Series], exact: dict[int, Series]) -> None:
+    def __init__(self, cm: CostReader, by_batch: dict[int, Series], exact: dict[int, Series]) -> None:
         self.errors, self.by_batch, self.batches, self.exact = cm.errors, by_batch, sorted(by_batch), exact
 
     def time(self, size) -> float:
@@ -83,9 +79,9 @@ class AttentionVerify(Source):
         return Prediction(self.time(size), provenance, self.errors[provenance])
 
 
-def attention_verify(cm: "CostModel", queries: int, heads: int, kv_heads: int, head_dim: int,
+def attention_verify(cm: CostReader, queries: int, heads: int, kv_heads: int, head_dim: int,
                      dtype: str) -> Source | None:
-    """None where the profile has no such points (CostModel.verify_source reads it like decodes)."""
+    """None where the profile has no such points (verify_source reads it like decodes)."""
     by_q: dict[int, dict[int, Series]] = defaultdict(dict)
     for key in cm.series_keys():
         if key[0] == "attention_verify" and key[3:] == (heads, kv_heads, head_dim, dtype):
@@ -96,12 +92,19 @@ def attention_verify(cm: "CostModel", queries: int, heads: int, kv_heads: int, h
     return AttentionVerify(cm, by_q[min(fitting) if fitting else max(by_q)], by_q.get(queries, {}))
 
 
+def verify_source(cm: CostReader, queries: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> Source:
+    """Verification attention of chunks of `queries` tokens, sized (chunks, their total context):
+    attention_verify where profiled, else decode attention over the same keys."""
+    source = cm.source("attention_verify", (queries, heads, kv_heads, head_dim, dtype))
+    return source if source is not None else VerifyAsDecodes(cm, heads, kv_heads, head_dim, dtype)
+
+
 class VerifyAsDecodes(Source):
     """Verification chunks read like one batch of decodes over the same keys (bound by its KV reads)."""
 
     name = "attention_decode"
 
-    def __init__(self, cm: "CostModel", heads: int, kv_heads: int, head_dim: int, dtype: str) -> None:
+    def __init__(self, cm: CostReader, heads: int, kv_heads: int, head_dim: int, dtype: str) -> None:
         self.cm, self.shape = cm, (heads, kv_heads, head_dim, dtype)
 
     def time(self, size) -> float:
@@ -111,21 +114,21 @@ class VerifyAsDecodes(Source):
         return self.cm.source("attention_decode", (size[0], *self.shape)).predict(size[1])
 
 
-def elementwise(cm: "CostModel", name: str, width: int, dtype: str) -> Source:
+def elementwise(cm: CostReader, name: str, width: int, dtype: str) -> Source:
     series = cm.series(("elementwise", name, width, dtype))
     if series is not None:
         return Measured(series, cm.errors)
     return cm.modeled(curve_key("elementwise", name), dtype, lambda t: elementwise_work(t, width, dtype))
 
 
-def kv_write(cm: "CostModel", kv_heads: int, head_dim: int, dtype: str) -> Source:
+def kv_write(cm: CostReader, kv_heads: int, head_dim: int, dtype: str) -> Source:
     series = cm.series(("kv_write", kv_heads, head_dim, dtype))
     if series is not None:
         return Measured(series, cm.errors)
     return cm.modeled("kv_write", dtype, lambda t: kv_write_work(t, kv_heads, head_dim, dtype))
 
 
-def sample(cm: "CostModel", vocab: int, dtype: str) -> Source:
+def sample(cm: CostReader, vocab: int, dtype: str) -> Source:
     """Over float32 logits; dtype picks the compute peak (the op is bandwidth-bound)."""
     series = cm.series(("sample", vocab))
     if series is not None:
@@ -133,7 +136,7 @@ def sample(cm: "CostModel", vocab: int, dtype: str) -> Source:
     return cm.modeled("sample", dtype, lambda batch: elementwise_work(batch, vocab, "fp32"))
 
 
-def _collective(cm: "CostModel", kind: str, world: int, bytes_per_link: Callable[[int], float]) -> Source:
+def _collective(cm: CostReader, kind: str, world: int, bytes_per_link: Callable[[int], float]) -> Source:
     """Size: bytes. Measured where profiled, otherwise `bytes_per_link` over each link at the fitted
     efficiency plus a fixed and a per-hop latency (cm.collective, read at call time)."""
     if world <= 1:
@@ -149,7 +152,7 @@ def _collective(cm: "CostModel", kind: str, world: int, bytes_per_link: Callable
     return Formula(modeled, "extrapolated", cm.errors.get("by_curve", {}).get("all_reduce", cm.unvalidated_error))
 
 
-def all_reduce(cm: "CostModel", world: int) -> Source:
+def all_reduce(cm: CostReader, world: int) -> Source:
     """Ring all-reduce: 2 (w-1)/w of the bytes cross each link. Under a serving engine's profile
     (cm.engine): its own algorithms on this device's link (engine_all_reduce)."""
     engine = cm.engine
@@ -159,7 +162,7 @@ def all_reduce(cm: "CostModel", world: int) -> Source:
     return _collective(cm, "all_reduce", world, lambda nbytes: 2 * (world - 1) / world * nbytes)
 
 
-def engine_all_reduce(cm: "CostModel", world: int) -> Source:
+def engine_all_reduce(cm: CostReader, world: int) -> Source:
     """The engine's custom all-reduce where it applies (below its size limit, at a world size it
     supports, every GPU pair on NVLink or only two GPUs): one-shot, each rank reading its w - 1
     peers' buffers, below the one-shot size, else two-shot (2 (w-1)/w of the bytes); NCCL's ring
@@ -186,30 +189,30 @@ def engine_all_reduce(cm: "CostModel", world: int) -> Source:
     return Formula(time, "extrapolated", cm.errors.get("by_curve", {}).get("all_reduce", cm.unvalidated_error))
 
 
-def all_to_all(cm: "CostModel", world: int) -> Source:
+def all_to_all(cm: CostReader, world: int) -> Source:
     """Each rank sends nbytes in all, an even share to every rank: (w-1)/w of them over each link."""
     return _collective(cm, "all_to_all", world, lambda nbytes: (world - 1) / world * nbytes)
 
 
-def kv_ring(cm: "CostModel", world: int) -> Source:
+def kv_ring(cm: CostReader, world: int) -> Source:
     """One hop of context parallelism's ring: every rank sends nbytes to the next rank and receives
     as many from the one before, at once, so each link carries nbytes (engine/context_parallel.py)."""
     return _collective(cm, "kv_ring", world, lambda nbytes: nbytes)
 
 
-def moe_dispatch(cm: "CostModel", num_experts: int, top_k: int, hidden: int, dtype: str) -> Source:
+def moe_dispatch(cm: CostReader, num_experts: int, top_k: int, hidden: int, dtype: str) -> Source:
     """Router scores, top-k, grouping the (token, expert) rows by expert and the weighted sum back
     (engine/moe.py without the experts): measured where profiled, otherwise the router GEMM and
     two passes over the rows."""
     series = cm.series(("moe_dispatch", num_experts, top_k, hidden, dtype))
     if series is not None:
         return Measured(series, cm.errors)
-    return Formula(lambda tokens: (cm.predict_gemm(tokens, num_experts, hidden, dtype, "router").time_s
-                                   + 2 * cm.predict_elementwise("add", tokens * top_k, hidden, dtype).time_s),
+    return Formula(lambda tokens: (cm.predict("gemm", tokens, num_experts, hidden, dtype, "router").time_s
+                                   + 2 * cm.predict("elementwise", "add", tokens * top_k, hidden, dtype).time_s),
                    "extrapolated", cm.unvalidated_error)
 
 
-def moe_experts(cm: "CostModel", num_experts: int, top_k: int, routing_skew: float, ranks: int, hidden: int,
+def moe_experts(cm: CostReader, num_experts: int, top_k: int, routing_skew: float, ranks: int, hidden: int,
                 ffn: int, dtype: str, weight_dtype: str | None) -> Source:
     """Size: the step's tokens; the experts' expected load at that count (simulator/cost/moe.py)."""
     def predict(tokens: int) -> Prediction:
@@ -218,7 +221,7 @@ def moe_experts(cm: "CostModel", num_experts: int, top_k: int, routing_skew: flo
     return Composite(predict)
 
 
-def moe_experts_prediction(cm: "CostModel", rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,
+def moe_experts_prediction(cm: CostReader, rows_per_expert: float, active: float, hidden: int, ffn: int, dtype: str,
                            weight_dtype: str | None = None) -> Prediction:
     """One MoE layer's routed experts: `active` experts each computing its SwiGLU MLP (hidden ->
     ffn -> hidden) over rows_per_expert rows. Measured (moe_experts, per number of active experts
@@ -247,18 +250,18 @@ def moe_experts_prediction(cm: "CostModel", rows_per_expert: float, active: floa
         flops = 2.0 * total_rows * n * k
         nbytes = active * n * k * weight_bytes + total_rows * (n + k) * element
         t += cm.modeled(curve_key("gemm", name), dtype, lambda _: (flops, nbytes), family="moe").time(0)
-    t += cm.predict_elementwise("swiglu", max(1, round(total_rows)), ffn, dtype).time_s
+    t += cm.predict("elementwise", "swiglu", max(1, round(total_rows)), ffn, dtype).time_s
     return Prediction(t, "extrapolated", cm.unvalidated_error)
 
 
-def step_overhead(cm: "CostModel") -> Source:
+def step_overhead(cm: CostReader) -> Source:
     series = cm.series(("step_overhead",))
     if series is not None:
         return Measured(series, cm.errors)
     return Formula(lambda batch: 0.0, "extrapolated", 0.0)
 
 
-def kv_dequant_timer(cm: "CostModel", kv_dtype: str | None, kv_heads: int, head_dim: int,
+def kv_dequant_timer(cm: CostReader, kv_dtype: str | None, kv_heads: int, head_dim: int,
                      dtype: str) -> Callable[[int], float] | None:
     """Extra seconds of reading `tokens` tokens' K and V of one layer from a quantized cache (int8 /
     fp8: gather and dequantize) over reading them from a plain one, from the profile's kv_gather

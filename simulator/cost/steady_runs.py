@@ -5,10 +5,23 @@ as many as the replica ends up taking. No torch."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from simulator.cost.step_timer import StepTimer
+from simulator.cost.recipe import StepRecipe
+from simulator.cost.step_parts import StepParts, TimeSplit
+
+
+class StepTimer(Protocol):
+    """What a steady run reads of its timer (simulator/cost/step_timer.py's StepTimer)."""
+
+    split: TimeSplit
+    recipe: StepRecipe
+    _operator_scale: float
+    _kv_bytes_per_token: float
+
+    def decode_attention(self, batch: int, total_context: int) -> float: ...
+
+    def weight_bytes(self, tokens: int) -> float: ...
 
 
 class SteadyRun:
@@ -16,7 +29,7 @@ class SteadyRun:
     at most `steps`; commit(k) books the first k into the timer's split. This base times every
     step up front; subclasses may time them as asked."""
 
-    def __init__(self, timer: "StepTimer", steps: int, end_times: list[float]) -> None:
+    def __init__(self, timer: StepTimer, steps: int, end_times: list[float]) -> None:
         self.timer, self.steps, self.end_times = timer, steps, end_times
 
     def plan(self, count: int) -> None:
@@ -34,7 +47,7 @@ class UniformSteadyRun(SteadyRun):
     """Unpadded decode attention: the steps differ only in their decode attention, over n more
     keys each step. Steps are timed as asked: a run is often cut short by an arrival."""
 
-    def __init__(self, timer: "StepTimer", n: int, context: int, steps: int, start_s: float, base: "StepParts",
+    def __init__(self, timer: StepTimer, n: int, context: int, steps: int, start_s: float, base: StepParts,
                  first_extra_s: float = 0.0) -> None:
         super().__init__(timer, steps, [])
         self.n, self.first_context, self.context, self.now, self.base = n, context, context, start_s, base
@@ -84,26 +97,10 @@ class UniformSteadyRun(SteadyRun):
 class PaddedSteadyRun(SteadyRun):
     """Padded decode batches (profiled engine devices): every step timed up front."""
 
-    def __init__(self, timer: "StepTimer", steps: int, end_times: list[float], parts: list["StepParts"]) -> None:
+    def __init__(self, timer: StepTimer, steps: int, end_times: list[float], parts: list[StepParts]) -> None:
         super().__init__(timer, steps, end_times)
         self.parts = parts
 
     def commit(self, k: int) -> None:
         for parts in self.parts[:k]:
-            self.timer._record(parts)
-
-
-class StepParts(NamedTuple):
-    compute_s: float
-    comm_s: float
-    prefill_s: float
-    decode_s: float
-    head_s: float
-    overhead_s: float
-    prefill_share: float
-    flops: float
-    bytes_moved: float
-
-    @property
-    def total_s(self) -> float:
-        return self.compute_s + self.comm_s + self.prefill_s + self.decode_s + self.head_s + self.overhead_s
+            self.timer.split.record(parts)

@@ -3,9 +3,12 @@ broken down by operator, a measured step. No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from simulator.catalog.engines import EngineProfile
+from simulator.catalog.hardware import Accelerator
 from simulator.catalog.models import ModelSpec
 
 # From the most to the least direct source of a time; a sum reports its least direct part.
@@ -60,3 +63,34 @@ class StepCost:
         self.provenance[name] = worst
         self.expected_error[name] = max(self.expected_error.get(name, 0.0), prediction.expected_error)
         self.total_s += prediction.time_s * count
+
+
+class CostReader(Protocol):
+    """What operator builders and step strategies read of a cost model (simulator/cost/model.py's
+    CostModel is the one implementation): they depend on this, not on the class, so no import of
+    theirs closes a circle through model.py."""
+
+    accelerator: Accelerator
+    errors: dict
+    collective: dict[str, float]
+    framework: dict[str, float]
+    engine: EngineProfile | None
+    scales: dict[str, float]
+    pads_decodes: bool
+
+    @property
+    def unvalidated_error(self) -> float: ...
+
+    def source(self, kind: str, shape: tuple) -> Any: ...
+
+    def series(self, key: tuple) -> Any: ...
+
+    def series_keys(self) -> Iterable[tuple]: ...
+
+    def modeled(self, curve_name: str, dtype: str, work: Callable[[int], tuple[float, float]],
+                provenance: str | None = None, expected_error: float | None = None,
+                family: str | None = None) -> Any: ...
+
+    def predict(self, kind: str, *args, **params) -> Prediction: ...
+
+    def graph_tokens(self, tokens: int) -> int: ...

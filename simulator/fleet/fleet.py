@@ -16,9 +16,10 @@ from engine.config import CacheConfig, SchedulerConfig
 from engine.scheduler import Scheduler
 from simulator.catalog.models import ModelSpec
 from simulator.cost.memory import GB, MemoryPlan
-from simulator.cost.context_parallel import make_step_timer
 from simulator.cost.model import CostModel
-from simulator.cost.step_timer import StepTimer, TimeSplit
+from simulator.cost.shape import ReplicaShape, weight_dtype_of
+from simulator.cost.step_parts import TimeSplit
+from simulator.cost.step_timer import StepTimer
 from simulator.fleet.block_pool import ExactKeyBlockPool
 from simulator.fleet.tiered_pool import HOST_LINK_EFFICIENCY, TieredBlockPool
 from simulator.fleet.metrics import Recorder
@@ -109,13 +110,9 @@ def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder,
             return Scheduler(scheduler_config, cache_config, block_manager_class=pool_class)
         return Scheduler(scheduler_config, cache_config)
 
-    weight_dtype = None if config.quant in ("bf16", "fp16", "fp32", config.compute_dtype) else config.quant
     if timer is None:
-        timer = make_step_timer(config.cp, cost_model=cost_model, model=model, tp=config.tp, pp=pp,
-                                dtype=config.compute_dtype, weight_dtype=weight_dtype, kv_dtype=config.cache_dtype,
-                                block_size=config.block_size, expert_parallel=config.expert_parallel,
-                                routing_skew=config.routing_skew)
-    speculation = make_speculation(config, model, cost_model, weight_dtype, fleet.draft_cost_model)
+        timer = StepTimer(cost_model, replica_shape(config, model))
+    speculation = make_speculation(config, model, cost_model, fleet.draft_cost_model)
     delay = cost_model.engine.output_delay_steps if cost_model.engine is not None else 0.0
     replicas = [Replica(env, i, make_scheduler, timer, recorder, clock, pp, fleet.sample_every_s, fleet.bulk_decodes,
                         speculation(i) if speculation else None, block_keys, delay, keyed=pool_class is not None)
@@ -222,7 +219,14 @@ def cyclic_gc_paused():
             gc.enable()
 
 
-def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dtype: str | None,
+def replica_shape(config: SimConfig, model: ModelSpec) -> ReplicaShape:
+    """What one of config's replicas runs (the step assembler's input)."""
+    return ReplicaShape(model, config.tp, config.pp, config.cp, config.compute_dtype,
+                        weight_dtype_of(config.quant, config.compute_dtype), config.cache_dtype, config.block_size,
+                        config.expert_parallel, config.routing_skew)
+
+
+def make_speculation(config: SimConfig, model, cost_model: CostModel,
                      draft_costs: CostModel | None = None) -> Callable[[int], Speculation] | None:
     """replica index -> that replica's speculative-decoding model (None when off). The acceptance
     profile and the draft's timer are built once and shared; acceptance draws are seeded per replica."""
@@ -238,7 +242,8 @@ def make_speculation(config: SimConfig, model, cost_model: CostModel, weight_dty
         if draft_costs is None:
             draft_costs = cost_model if config.draft_profile is None else CostModel.load(
                 config.hardware, profile=config.draft_profile, hardware_file=config.hardware_file)
-        draft_timer = StepTimer(draft_costs, draft, config.tp, 1, config.compute_dtype, weight_dtype,
-                                config.cache_dtype, config.block_size)
+        draft_timer = StepTimer(draft_costs, ReplicaShape(draft, config.tp, 1, 1, config.compute_dtype,
+                                                          weight_dtype_of(config.quant, config.compute_dtype),
+                                                          config.cache_dtype, config.block_size))
     return lambda replica: Speculation(cumulative, seed=config.seed * 100_003 + replica, draft_timer=draft_timer,
                                        request_rates=rates)

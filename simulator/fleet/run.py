@@ -10,6 +10,7 @@ import pandas as pd
 from simulator.cost.memory import MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer
+from simulator.fleet.costs import cost_model_for
 from simulator.fleet import replica_groups
 from simulator.fleet.disaggregated import pool_figures, simulate_disaggregated
 from simulator.fleet.fleet import FleetRecord, FleetSetup, cyclic_gc_paused, simulate_replicas
@@ -52,10 +53,7 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
             raise ValueError("a fixed step timer times one pool: not a disaggregated fleet's two")
         return simulate_pools(config, workload, cost_model, progress, bulk_decodes, exact_block_keys)
     model, accelerator, plan = config.check()
-    if cost_model is None:
-        cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
-    if cost_model.engine is None:  # a cost model handed in with its engine keeps it
-        cost_model.use_engine(config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
+    cost_model = cost_model_for(config, cost_model)  # one handed in with its engine keeps it
     fleet = FleetSetup(config, model, plan, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
                        config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
 
@@ -97,9 +95,7 @@ def simulate_pools(config: SimConfig, workload: Workload, cost_model: CostModel 
 
     def setup(pool: SimConfig, costs: CostModel | None) -> FleetSetup:
         model, _, plan = pool.check()
-        costs = costs or CostModel.load(pool.hardware, profile=pool.profile, hardware_file=pool.hardware_file)
-        if costs.engine is None:
-            costs.use_engine(config.engine_profile(), pool.max_num_seqs, pool.max_num_batched_tokens)
+        costs = cost_model_for(pool, costs)
         return FleetSetup(pool, model, plan, costs, None, bulk_decodes, exact_block_keys, sample_every_s)
 
     decode = setup(decode_config, cost_model)

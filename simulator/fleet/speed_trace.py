@@ -16,7 +16,9 @@ from typing import ClassVar
 import numpy as np
 
 from engine.scheduler import ScheduledChunk
+from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import StepTimer
+from simulator.cost.types import CostReader
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,6 @@ class SpeedTrace:
         return float(np.trapezoid(self.factors, self.times_s) / (self.times_s[-1] - self.times_s[0]))
 
 
-@dataclass
 class SpeedTracedTimer(StepTimer):
     """StepTimer whose every step (with its wakeup after idle and its shape change) takes the
     trace's factor at the step's start. The replica tells it the time (follows_time); steady decode
@@ -55,8 +56,10 @@ class SpeedTracedTimer(StepTimer):
 
     follows_time: ClassVar[bool] = True
     times_steady_runs: ClassVar[bool] = False
-    trace: SpeedTrace = SpeedTrace((0.0,), (1.0,))
-    now: float = 0.0
+
+    def __init__(self, cost_model: CostReader, shape: ReplicaShape, trace: SpeedTrace) -> None:
+        super().__init__(cost_model, shape)
+        self.trace, self.now = trace, 0.0
 
     def step(self, chunks: Sequence[ScheduledChunk]) -> float:
         return super().step(chunks) * self.trace.at(self.now)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from simulator.cost.model import CostModel
+from simulator.fleet.costs import cost_model_for
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig, parse_pools
 from simulator.workload.requests import Workload
@@ -166,7 +167,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         result.reason = str(exc)
         return result
     # One cost model for every simulation of this candidate (the replica count changes nothing in it).
-    cost_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    cost_model = cost_model_for(config)
     summaries: dict[int, dict] = {}
 
     def holds(replicas: int) -> bool:
@@ -205,8 +206,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
                             if (interval := cost_model.engine.interval(residual_metric(k), v)) is not None}
     slow = cost_model.engine.slow_end() if cost_model.engine is not None else None
     if slow is not None:  # the same search on step times at the interval's slow end, from here up
-        slow_model = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
-        slow_model.use_engine(slow, config.max_num_seqs, config.max_num_batched_tokens)
+        slow_model = cost_model_for(config, engine=slow)
         slow_runs: dict[int, bool] = {}
 
         def holds_slow(n: int) -> bool:

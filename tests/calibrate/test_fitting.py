@@ -9,6 +9,8 @@ from simulator.catalog import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile
 from simulator.cost.types import Chunk
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 
 def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> None:
@@ -26,16 +28,18 @@ def test_framework_fit_predicts_the_mean_step_not_a_low_one_under_noise() -> Non
     steps, true_times = [], {}
     for batch in (1, 2, 4, 8, 16, 32):
         chunks = [Chunk(1, 512)] * batch
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        ops = step_cost(cm, ReplicaShape(model, tp=1, dtype="bf16", block_size=None),
+                        chunks, include_host=False).total_s
         true_times[batch] = ops + 40e-6 + 5e-6 * batch  # host work per step and per chunk
         count = 400 if batch == 1 else 40  # light traffic: most steps decode one request
         for factor in rng.lognormal(-noise ** 2 / 2, noise, count):  # mean 1
             steps.append(StepObservation(chunks, model, "bf16", None, true_times[batch] * factor))
     fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
+    fitted = fitted.with_framework(fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps))
     for batch, true_s in true_times.items():
         chunks = [Chunk(1, 512)] * batch
-        predicted = fitted.step_time(chunks, model, 1, "bf16").total_s - fitted.predict_step_overhead(batch).time_s
+        predicted = step_cost(fitted, ReplicaShape(model, tp=1, dtype="bf16", block_size=None),
+                              chunks).total_s - fitted.predict("step_overhead", batch).time_s
         assert predicted == pytest.approx(true_s, rel=0.04), batch
 
 
@@ -58,24 +62,25 @@ def test_framework_fit_recovers_what_a_change_of_step_shape_costs() -> None:
     for _ in range(600):
         tokens = int(rng.choice(sizes)) if rng.random() < 0.3 or previous is None else previous
         chunks = [Chunk(1, 300)] * tokens if tokens <= 16 else [Chunk(tokens, tokens)]
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        ops = step_cost(cm, ReplicaShape(model, tp=1, dtype="bf16", block_size=None),
+                        chunks, include_host=False).total_s
         halvings, doublings = shape_change_features(previous, tokens)
         steps.append(StepObservation(chunks, model, "bf16", None,
                                      ops + 40e-6 + halvings * per_halving_s + doublings * per_doubling_s, previous))
         previous = tokens
     fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
+    fitted = fitted.with_framework(fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps))
     assert fitted.framework["step_per_halving_s"] == pytest.approx(per_halving_s, rel=0.05)
     assert fitted.framework["step_per_doubling_s"] == pytest.approx(per_doubling_s, rel=0.05)
-    assert fitted.predict_shape_change(256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
-    assert fitted.predict_shape_change(2, 8).time_s == pytest.approx(2 * per_doubling_s, rel=0.05)
-    assert fitted.predict_shape_change(4, 4).time_s == 0.0 and fitted.predict_shape_change(None, 4).time_s == 0.0
+    assert fitted.predict("shape_change", 256, 1).time_s == pytest.approx(8 * per_halving_s, rel=0.05)
+    assert fitted.predict("shape_change", 2, 8).time_s == pytest.approx(2 * per_doubling_s, rel=0.05)
+    assert fitted.predict("shape_change", 4, 4).time_s == 0.0 and fitted.predict("shape_change", None, 4).time_s == 0.0
 
     repeated = [StepObservation(o.chunks, o.model, o.dtype, o.block_size, o.forward_s) for o in steps]
     plain = CostModel.load("a100-80gb")
-    fit_framework(plain, Profile("a100-80gb", {}, {}, "test"), repeated)
+    plain = plain.with_framework(fit_framework(plain, Profile("a100-80gb", {}, {}, "test"), repeated))
     assert not set(SHAPE_CHANGE_TERMS) & set(plain.framework)
-    assert plain.predict_shape_change(256, 1).time_s == 0.0
+    assert plain.predict("shape_change", 256, 1).time_s == 0.0
 
 
 def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() -> None:
@@ -87,7 +92,8 @@ def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() 
 
     def observed(model, batch: int, host_s: float) -> StepObservation:
         chunks = [Chunk(1, 512)] * batch
-        ops = cm.step_time(chunks, model, 1, "bf16", include_host=False).total_s
+        ops = step_cost(cm, ReplicaShape(model, tp=1, dtype="bf16", block_size=None),
+                        chunks, include_host=False).total_s
         return StepObservation(chunks, model, "bf16", None, ops + host_s)
 
     # Host work of 20 us per MoE layer and 5 us per expert touched in it, on top of the operators.
@@ -96,13 +102,15 @@ def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() 
         return 20e-6 * layers + 5e-6 * touched
     steps = [observed(mixtral, b, host(mixtral, b)) for b in range(1, 65, 2)]
     fitted = CostModel.load("a100-80gb")
-    fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps)
+    fitted = fitted.with_framework(fit_framework(fitted, Profile("a100-80gb", {}, {}, "test"), steps))
     assert set(MOE_TERMS) <= set(fitted.framework)
     for o in steps:
-        predicted = fitted.step_time(o.chunks, mixtral, 1, "bf16").total_s - fitted.predict_step_overhead(len(o.chunks)).time_s
+        predicted = step_cost(fitted, ReplicaShape(mixtral, tp=1, dtype="bf16", block_size=None),
+                              o.chunks).total_s - fitted.predict("step_overhead", len(o.chunks)).time_s
         assert predicted == pytest.approx(o.forward_s, rel=0.02)
     dense_fit = CostModel.load("a100-80gb")
-    fit_framework(dense_fit, Profile("a100-80gb", {}, {}, "test"), [observed(dense, b, 30e-6) for b in range(1, 65, 2)])
+    dense_fit = dense_fit.with_framework(fit_framework(dense_fit, Profile("a100-80gb", {}, {}, "test"),
+                                                       [observed(dense, b, 30e-6) for b in range(1, 65, 2)]))
     assert not set(MOE_TERMS) & set(dense_fit.framework)
 
 
@@ -124,7 +132,7 @@ def test_the_fit_beside_a_profile_serves_only_that_profile(tmp_path) -> None:
     fit_profile(CostModel.unfitted("a100-80gb", path), Profile.load(path)).save_beside(path)
     read = CostModel.load("a100-80gb", profile=path)
     assert read.curves == fitted_here.curves and read.framework == fitted_here.framework
-    assert read.predict_gemm(128, 1024, 4096, "fp16") == fitted_here.predict_gemm(128, 1024, 4096, "fp16")
+    assert read.predict("gemm", 128, 1024, 4096, "fp16") == fitted_here.predict("gemm", 128, 1024, 4096, "fp16")
 
     Profile.append(path, Measurement.make("gemm", 800e-6, name="qkv_proj", m=4096, n=4096, k=4096, dtype="fp16"))
     assert FittedTerms.beside(path) is None  # fitted on the file before this point

@@ -11,10 +11,11 @@ import pytest
 from calibrate.profile_plan import ProfileGrid
 from calibrate.profiler import Profiler
 from engine.config import ModelConfig
-from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.catalog.models import ModelSpec
 from simulator.cost.profile_format import Profile
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 TINY = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, max_position_embeddings=512)
@@ -69,13 +70,30 @@ def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
     profile, path = tiny_profile
     model = load_cost_model("cpu-local", profile=path)
     m = profile.of("gemm")[0]
-    measured = model.predict_gemm(m.get("m"), m.get("n"), m.get("k"), "fp32")
+    measured = model.predict("gemm", m.get("m"), m.get("n"), m.get("k"), "fp32")
     assert measured.provenance == "measured" and measured.time_s == pytest.approx(m.time_s)
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
-    step = model.step_time([Chunk(8, 8), Chunk(1, 32), Chunk(1, 32)], spec, dtype="fp32")
+    step = step_cost(model, ReplicaShape(spec, dtype="fp32", block_size=None),
+                     [Chunk(8, 8), Chunk(1, 32), Chunk(1, 32)])
     assert step.total_s > 0 and step.provenance["qkv_proj"] in ("measured", "interpolated")
     other = ModelSpec.from_hf_dict({**TINY, "hidden_size": 96, "intermediate_size": 200}, "other")
-    assert model.step_time([Chunk(8, 8)], other, dtype="fp32").provenance["qkv_proj"] == "fitted"
+    assert step_cost(model, ReplicaShape(other, dtype="fp32", block_size=None),
+                     [Chunk(8, 8)]).provenance["qkv_proj"] == "fitted"
+
+
+def test_the_explained_step_pads_decodes_as_the_simulated_step(tiny_profile) -> None:
+    """servecast's own engine pads decodes in groups (engine/decode_groups.py): the explained step
+    (predict, the fit) and the composition the framework fit reads count the groups the simulated
+    step does."""
+    from simulator.cost.step_timer import StepTimer, scheduled
+
+    model = load_cost_model("cpu-local", profile=tiny_profile[1])
+    shape = ReplicaShape(ModelSpec.from_hf_dict(TINY, "tiny"), dtype="fp32", block_size=16)
+    chunks = [Chunk(1, c) for c in (5, 17, 33, 34, 90, 250)] + [Chunk(8, 8)]
+    timer = StepTimer(model, shape)
+    assert step_cost(model, shape, chunks).total_s == pytest.approx(timer.step(scheduled(chunks)), rel=1e-9)
+    assert timer.compose(scheduled(chunks)).groups > 1 == StepTimer(model, ReplicaShape(
+        shape.model, dtype="fp32", block_size=None)).compose(scheduled(chunks)).groups
 
 
 def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
@@ -101,12 +119,13 @@ def test_tensor_parallel_profile_times_all_reduce(tmp_path) -> None:
     assert {m.get("world") for m in measured} == {2}
     assert {m.get("nbytes") for m in measured} == {t * 64 * 4 for t in ProfileGrid.quick().tokens}
     model = load_cost_model("cpu-local", profile=path)
-    p = model.predict_all_reduce(measured[0].get("nbytes"), 2)
+    p = model.predict("all_reduce", measured[0].get("nbytes"), 2)
     assert p.provenance == "measured" and p.time_s == pytest.approx(measured[0].time_s)
     # Every other operator is one rank's shard: the simulator's tp=2 step reads it as measured.
     assert {(m.get("n"), m.get("k")) for m in profile.of("gemm") if m.name == "qkv_proj"} == {((4 + 2 * 2) * 16 // 2, 64)}
     spec = ModelSpec.from_hf_dict(TINY, "tiny")
-    step = model.step_time([Chunk(1, 32)] * 8, spec, tp=2, dtype="fp32")  # 8 tokens: a profiled size
+    step = step_cost(model, ReplicaShape(spec, tp=2, dtype="fp32", block_size=None),
+                     [Chunk(1, 32)] * 8)  # 8 tokens: a profiled size
     assert step.provenance["qkv_proj"] == "measured" and step.provenance["all_reduce"] != "extrapolated"
     with pytest.raises(ValueError, match="at least 1"):
         Profiler(ModelConfig.from_hf(TINY), tp=0)
@@ -125,9 +144,9 @@ def test_context_parallel_profile_times_the_ring_hop_and_the_cost_model_reads_it
     assert {m.get("world") for m in ring} == {2} and {m.get("world") for m in profile.of("all_reduce")} == {2}
     model = load_cost_model("cpu-local", profile=path)
     small, large = sorted(ring, key=lambda m: m.get("nbytes"))
-    p = model.predict_collective("kv_ring", small.get("nbytes"), 2)
+    p = model.predict("kv_ring", small.get("nbytes"), 2)
     assert p.provenance == "measured" and p.time_s == pytest.approx(small.time_s)
-    assert model.predict_collective("kv_ring", (small.get("nbytes") + large.get("nbytes")) // 2, 2).provenance \
+    assert model.predict("kv_ring", (small.get("nbytes") + large.get("nbytes")) // 2, 2).provenance \
         == "interpolated"
     # The operators are the whole model's: every rank holds it.
     assert {(m.get("n"), m.get("k")) for m in profile.of("gemm") if m.name == "qkv_proj"} == {((4 + 2 * 2) * 16, 64)}
@@ -150,10 +169,11 @@ def test_moe_profile_times_experts_dispatch_and_all_to_all_and_the_cost_model_re
     assert {m.get("world") for m in profile.of("all_to_all")} == {2}
     model = load_cost_model("cpu-local", profile=path)
     point = experts[0]
-    p = model.predict_moe_experts(point.get("rows"), point.get("active"), 64, TINY["intermediate_size"], "fp32")
+    p = model.predict("moe_experts", point.get("rows"), point.get("active"), 64, TINY["intermediate_size"], "fp32")
     assert p.provenance == "measured" and p.time_s == pytest.approx(point.time_s)
     spec = ModelSpec.from_hf_dict(raw, "tiny-moe")
-    step = model.step_time([Chunk(1, 32)] * 8, spec, tp=2, dtype="fp32", expert_parallel=True)
+    step = step_cost(model, ReplicaShape(spec, tp=2, dtype="fp32", expert_parallel=True, block_size=None),
+                     [Chunk(1, 32)] * 8)
     assert step.provenance["moe_dispatch"] == "measured" and step.provenance["all_to_all"] == "measured"
 
 
@@ -175,7 +195,6 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     from calibrate.profile_plan import ProfileGrid
     from calibrate.profiler import Profiler
     from engine.config import ModelConfig
-    from simulator.cost.model import CostModel
 
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -199,7 +218,7 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
         assert layer.quantized.choice == KernelChoice.parse(text)
     model = load_cost_model("cpu-local", profile=str(tmp_path / "q.jsonl"))
     (weight, n, k, m), measured = next(iter(points.items()))
-    prediction = model.predict_gemm(m, n, k, "fp32", weight_dtype=weight)
+    prediction = model.predict("gemm", m, n, k, "fp32", weight_dtype=weight)
     assert prediction.time_s == pytest.approx(measured) and prediction.provenance == "measured"
 
     # The simulator models this engine's quantized runs with fp32 activations: its step's linear
@@ -218,20 +237,20 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     assert (sim.compute_dtype, sim.cache_dtype) == ("fp32", "fp32")
     assert SimConfig(model=str(hf), hardware="h100-sxm", quant="int8").compute_dtype == "bf16"  # W8A16
     spec = sim.model_spec()
-    int8_ops = StepTimer(model, spec, 1, 1, "fp32", "int8", "fp32", 16).token_ops(8)[0]
-    fp32_ops = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16).token_ops(8)[0]
+    int8_ops = StepTimer(model, ReplicaShape(spec, dtype="fp32", weight_dtype="int8", kv_dtype="fp32")).token_ops(8)[0]
+    fp32_ops = StepTimer(model, ReplicaShape(spec, dtype="fp32", kv_dtype="fp32")).token_ops(8)[0]
     linears = {name: (n, k) for name, (n, k) in spec.linear_shapes().items() if name != "lm_head"}
-    quant_sum = sum(model.predict_gemm(8, n, k, "fp32", weight_dtype="int8").time_s for n, k in linears.values())
-    assert all(model.predict_gemm(8, n, k, "fp32", weight_dtype="int8").provenance == "measured"
+    quant_sum = sum(model.predict("gemm", 8, n, k, "fp32", weight_dtype="int8").time_s for n, k in linears.values())
+    assert all(model.predict("gemm", 8, n, k, "fp32", weight_dtype="int8").provenance == "measured"
                for n, k in linears.values())
-    float_sum = sum(model.predict_gemm(8, n, k, "fp32").time_s for n, k in linears.values())
+    float_sum = sum(model.predict("gemm", 8, n, k, "fp32").time_s for n, k in linears.values())
     assert int8_ops - fp32_ops == pytest.approx(quant_sum - float_sum, rel=1e-6)
 
     # An int8 KV cache: reads cost what the profile's dequantizing gathers cost over plain ones.
     gathers = {(m.get("kv_dtype"), m.get("tokens")): m.time_s for m in profile.of("kv_gather")}
     assert set(gathers) == {(kv, t) for kv in ("none", "int8") for t in (64, 1024)}
-    plain = StepTimer(model, spec, 1, 1, "fp32", None, "fp32", 16)
-    quantized = StepTimer(model, spec, 1, 1, "fp32", None, "int8", 16)
+    plain = StepTimer(model, ReplicaShape(spec, dtype="fp32", kv_dtype="fp32"))
+    quantized = StepTimer(model, ReplicaShape(spec, dtype="fp32", kv_dtype="int8"))
     # (each series is read as never falling with size: a noisy point reads as the one below it)
     envelope = {kv: max(gathers[(kv, 64)], gathers[(kv, 1024)]) for kv in ("none", "int8")}
     extra = max(0.0, envelope["int8"] - envelope["none"]) * spec.num_layers
@@ -274,14 +293,17 @@ def test_verification_attention_is_read_from_its_own_measurements(tiny_profile) 
     assert {b for b, _ in points} == {1, 4} and all(m.get("q_len") == 3 for m in profile.of("attention_verify"))
     # Four chunks of 3 tokens ending at context 128: the measured point, every layer (a series never
     # falls with context: a noisy point below a shorter context's reads as that one).
-    step = model.step_time([Chunk(3, 128, verify=True)] * 4, spec, dtype="fp32", include_host=False)
+    step = step_cost(model, ReplicaShape(spec, dtype="fp32", block_size=None),
+                     [Chunk(3, 128, verify=True)] * 4, include_host=False)
     assert step.by_operator["attention_verify"] == pytest.approx(2 * max(points[(4, 32)], points[(4, 128)]))
     # Two chunks: between the measured batches of one and four, linearly.
-    two = model.step_time([Chunk(3, 32, verify=True)] * 2, spec, dtype="fp32", include_host=False)
+    two = step_cost(model, ReplicaShape(spec, dtype="fp32", block_size=None),
+                    [Chunk(3, 32, verify=True)] * 2, include_host=False)
     expected = points[(1, 32)] + (points[(4, 32)] - points[(1, 32)]) / 3
     assert two.by_operator["attention_verify"] == pytest.approx(2 * expected)
     # Plain decodes are untouched by it.
-    assert "attention_verify" not in model.step_time([Chunk(1, 128)] * 4, spec, dtype="fp32").by_operator
+    assert "attention_verify" not in step_cost(model, ReplicaShape(spec, dtype="fp32", block_size=None),
+                                               [Chunk(1, 128)] * 4).by_operator
 
 
 def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile) -> None:
@@ -299,22 +321,22 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
         for context in (32, 64, 128, 256):
             plain = [Chunk(1, context)] * batch
             verify = [Chunk(3, context, verify=True)] * batch
-            steps.append(StepObservation(plain, spec, "fp32", 16, plain_model.step_time(plain, spec, dtype="fp32",
-                                                                                          block_size=16).total_s))
-            steps.append(StepObservation(verify, spec, "fp32", 16, plain_model.step_time(
-                verify, spec, dtype="fp32", block_size=16).total_s + 1e-3))
+            shape = ReplicaShape(spec, dtype="fp32", block_size=16)
+            steps.append(StepObservation(plain, spec, "fp32", 16, step_cost(plain_model, shape, plain).total_s))
+            steps.append(StepObservation(verify, spec, "fp32", 16,
+                                         step_cost(plain_model, shape, verify).total_s + 1e-3))
     fitted = load_cost_model("cpu-local", profile=path)
     # Fitted on these observations alone: the profile's forward points were timed on a shared
     # machine, and their noise would move the plain terms that the verify terms are measured
     # against (the observations are the plain fit exactly, plus 1 ms when verifying).
     no_forwards = Profile(profile.hardware, profile.fingerprint, profile.peaks, profile.source,
                           [m for m in profile.measurements if m.op != "forward"], profile.bandwidth_by_size)
-    fit_framework(fitted, no_forwards, steps)
+    fitted = fitted.with_framework(fit_framework(fitted, no_forwards, steps))
     extra = fitted.framework["step_per_verify_s"] + spec.num_layers * fitted.framework["layer_per_verify_s"]
     assert extra == pytest.approx(1e-3, rel=0.25)
     verify = [Chunk(3, 64, verify=True)] * 2
-    gap = (fitted.step_time(verify, spec, dtype="fp32", block_size=16).total_s
-           - plain_model.step_time(verify, spec, dtype="fp32", block_size=16).total_s)
+    gap = (step_cost(fitted, ReplicaShape(spec, dtype="fp32", block_size=16), verify).total_s
+           - step_cost(plain_model, ReplicaShape(spec, dtype="fp32", block_size=16), verify).total_s)
     assert gap == pytest.approx(1e-3, rel=0.3)
 
 

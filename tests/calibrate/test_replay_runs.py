@@ -35,8 +35,7 @@ def simulated_replay(folder: Path, trace: str, **info) -> Path:
     a server that is exactly TRUTH would have given `servecast replay --out folder` (info: other
     fields of its replay section, e.g. the deployment it says it has)."""
     config = deployment_config(DEPLOYMENT, "test")
-    cost_model = CostModel.load(config.hardware)
-    cost_model.use_engine(TRUTH, config.max_num_seqs, config.max_num_batched_tokens)
+    cost_model = CostModel.load(config.hardware).with_engine(TRUTH, config.max_num_seqs, config.max_num_batched_tokens)
     result = simulate(config, load_workload(trace), cost_model=cost_model)
     checks = {"short_outputs": info.pop("short_outputs", 0)}
     replay = ReplayInfo(**{"url": "http://127.0.0.1:1/v1", "model": "served", "trace": trace, "seed": 0,

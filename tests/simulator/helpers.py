@@ -9,6 +9,7 @@ import pytest
 
 from simulator.cost.model import CostModel
 from simulator.fleet.sim_config import SimConfig
+from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import StepTimer
 from simulator.workload.requests import Workload, make_workload
 
@@ -19,7 +20,7 @@ class FixedStepTimer(StepTimer):
     times_steady_runs = False  # plan_steady_run would time steps from the cost model
 
     def __init__(self, config: SimConfig, seconds: float) -> None:
-        super().__init__(CostModel.load(config.hardware), config.model_spec())
+        super().__init__(CostModel.load(config.hardware), ReplicaShape(config.model_spec()))
         self.seconds = seconds
 
     def step(self, chunks: Sequence) -> float:

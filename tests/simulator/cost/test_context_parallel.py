@@ -7,8 +7,9 @@ import pytest
 
 from engine.scheduler import ScheduledChunk
 from simulator.catalog.models import load_model
-from simulator.cost.context_parallel import ContextParallelTimer, make_step_timer
+from simulator.cost.context_parallel import ContextParallel
 from simulator.cost.model import CostModel
+from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import StepTimer
 
 MODEL = load_model("llama-3.1-8b")
@@ -16,7 +17,7 @@ MODEL = load_model("llama-3.1-8b")
 
 def timers(hardware: str = "h100-sxm", cp: int = 2, cost_model: CostModel | None = None):
     cost_model = cost_model or CostModel.load(hardware)
-    return StepTimer(cost_model, MODEL), make_step_timer(cp, cost_model=cost_model, model=MODEL)
+    return StepTimer(cost_model, ReplicaShape(MODEL)), StepTimer(cost_model, ReplicaShape(MODEL, cp=cp))
 
 
 def prefill(start: int, n: int) -> list[ScheduledChunk]:
@@ -24,10 +25,12 @@ def prefill(start: int, n: int) -> list[ScheduledChunk]:
 
 
 def test_cp1_is_the_plain_step_timer() -> None:
-    plain = make_step_timer(1, cost_model=CostModel.load("h100-sxm"), model=MODEL)
-    assert type(plain) is StepTimer
+    plain = StepTimer(CostModel.load("h100-sxm"), ReplicaShape(MODEL, cp=1))
+    assert plain.context_parallel is None
     with pytest.raises(ValueError, match="cp >= 2"):
-        ContextParallelTimer(CostModel.load("h100-sxm"), MODEL, cp=1)
+        ContextParallel(CostModel.load("h100-sxm"), ReplicaShape(MODEL, cp=1))
+    with pytest.raises(ValueError, match="without pipeline parallelism"):
+        ReplicaShape(MODEL, pp=2, cp=2)
 
 
 def test_a_long_prompts_chunk_takes_about_half_as_long_at_cp2_on_nvlink() -> None:
@@ -37,24 +40,25 @@ def test_a_long_prompts_chunk_takes_about_half_as_long_at_cp2_on_nvlink() -> Non
     assert t2 < 0.6 * t1
     # Each rank attends its half of the queries over the whole context, and the ring hides behind it.
     assert two.prefill_attention(8192, 32768) == one.prefill_attention(4096, 32768)
-    assert two.ring_s(16384) < one.prefill_attention(4096, 32768)
-    assert two.split.communication_s == pytest.approx(two.collectives_s(0, 1))
+    assert two.context_parallel.ring_s(16384) < one.prefill_attention(4096, 32768)
+    assert two.split.communication_s == pytest.approx(two.context_parallel.collectives_s(0, 1))
 
 
 def test_the_ring_shows_when_the_link_is_slower_than_attention() -> None:
     fast = CostModel.load("h100-sxm")
-    slow = CostModel.load("h100-sxm")
-    slow.collective = {**slow.collective, "link_efficiency": slow.collective["link_efficiency"] / 200}
+    slow = fast.with_collective({**fast.collective, "link_efficiency": fast.collective["link_efficiency"] / 200})
     _, nvlink = timers(cost_model=fast)
     _, crawl = timers(cost_model=slow)
     chunk = prefill(65536 - 8192, 8192)
-    assert crawl.ring_s(32768) > 10 * nvlink.ring_s(32768)
+    ring = crawl.context_parallel.ring_s
+    assert ring(32768) > 10 * nvlink.context_parallel.ring_s(32768)
     attention = crawl.prefill_attention(8192, 65536)
-    assert crawl.ring_s(32768) > attention  # then the step waits for the ring, not for attention
-    assert crawl.step(chunk) - nvlink.step(chunk) > 0.5 * (crawl.ring_s(32768) - attention)
-    assert crawl.split.communication_s == pytest.approx(crawl.collectives_s(0, 1) + crawl.ring_s(32768) - attention)
+    assert ring(32768) > attention  # then the step waits for the ring, not for attention
+    assert crawl.step(chunk) - nvlink.step(chunk) > 0.5 * (ring(32768) - attention)
+    assert crawl.split.communication_s == pytest.approx(crawl.context_parallel.collectives_s(0, 1) + ring(32768)
+                                                        - attention)
     # A PCIe accelerator's ring is slower than an NVLink one's for the same bytes.
-    assert timers("l40s")[1].ring_s(32768) > nvlink.ring_s(32768)
+    assert timers("l40s")[1].context_parallel.ring_s(32768) > nvlink.context_parallel.ring_s(32768)
 
 
 def test_decodes_attend_their_rank_shard_and_gather_their_queries() -> None:
@@ -63,7 +67,8 @@ def test_decodes_attend_their_rank_shard_and_gather_their_queries() -> None:
     assert two.verify_attention(8, 4, 8 * 30001 + 1) == one.verify_attention(8, 4, 4 * 30001 + 1)  # the busier rank
     decodes = [ScheduledChunk(i, 20000, 1, False, True) for i in range(64)]
     two.step(decodes)
-    assert two.split.communication_s == pytest.approx(two.collectives_s(64, 64)) and two.collectives_s(64, 64) > 0
+    collectives = two.context_parallel.collectives_s(64, 64)
+    assert two.split.communication_s == pytest.approx(collectives) and collectives > 0
     # Token operators run on a rank's half of the step's tokens.
     assert two.token_ops(64) == one.token_ops(32) and two.token_ops(8193) == one.token_ops(4097)
 

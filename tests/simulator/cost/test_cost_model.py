@@ -12,6 +12,8 @@ from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.cost.efficiency import gemm_work
 from simulator.cost.profile_format import Measurement, Profile
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 
 def gemm_profile(hardware: str = "a100-80gb") -> Profile:
@@ -24,13 +26,13 @@ def gemm_profile(hardware: str = "a100-80gb") -> Profile:
 def test_interpolation_reproduces_profiled_points_and_says_so() -> None:
     model = load_cost_model("a100-80gb", profile=gemm_profile())
     for m in gemm_profile().of("gemm"):
-        p = model.predict_gemm(m.get("m"), 4096, 4096, "fp16")
+        p = model.predict("gemm", m.get("m"), 4096, 4096, "fp16")
         assert p.time_s == pytest.approx(m.time_s) and p.provenance == "measured"
-    between = model.predict_gemm(128, 4096, 4096, "fp16")
+    between = model.predict("gemm", 128, 4096, 4096, "fp16")
     assert 20e-6 < between.time_s < 60e-6 and between.provenance == "interpolated"
-    beyond = model.predict_gemm(2048, 4096, 4096, "fp16")
+    beyond = model.predict("gemm", 2048, 4096, 4096, "fp16")
     assert beyond.time_s == pytest.approx(440e-6)  # proportional to size past the grid
-    other_shape = model.predict_gemm(128, 1024, 4096, "fp16")
+    other_shape = model.predict("gemm", 128, 1024, 4096, "fp16")
     assert other_shape.provenance == "fitted"
 
 
@@ -38,7 +40,7 @@ def test_non_monotone_measurements_still_give_monotone_predictions() -> None:
     profile = gemm_profile()
     profile.measurements.append(Measurement.make("gemm", 15e-6, m=128, n=4096, k=4096, dtype="fp16"))  # a dip
     model = load_cost_model("a100-80gb", profile=profile)
-    times = [model.predict_gemm(m, 4096, 4096, "fp16").time_s for m in range(1, 3000, 7)]
+    times = [model.predict("gemm", m, 4096, 4096, "fp16").time_s for m in range(1, 3000, 7)]
     assert all(a <= b for a, b in zip(times, times[1:]))
 
 
@@ -50,25 +52,26 @@ def test_predictions_are_monotone_and_never_beat_the_roofline(hardware: str) -> 
     for n, k in [(4096, 4096), (12288, 4096), (128256, 8192), (1024, 128)]:
         previous = 0.0
         for m in [1, 2, 8, 32, 128, 512, 2048, 8192, 32768]:
-            t = model.predict_gemm(m, n, k, dtype).time_s
+            t = model.predict("gemm", m, n, k, dtype).time_s
             flops, nbytes = gemm_work(m, n, k, dtype)
             assert t >= max(flops / acc.peak_flops(dtype), nbytes / acc.memory_bandwidth)
             assert t >= previous
             previous = t
     previous = 0.0
     for kv in [16, 128, 1024, 8192]:
-        t = model.predict_attention_decode(8, kv, 32, 8, 128, dtype).time_s
+        t = model.predict("attention_decode", 8, kv, 32, 8, 128, dtype).time_s
         assert t >= previous
         previous = t
-    assert model.predict_attention_prefill(512, 512, 32, 8, 128, dtype).time_s < model.predict_attention_prefill(512, 4096, 32, 8, 128, dtype).time_s
+    assert (model.predict("attention_prefill", 512, 512, 32, 8, 128, dtype).time_s
+            < model.predict("attention_prefill", 512, 4096, 32, 8, 128, dtype).time_s)
 
 
 def test_decode_attention_accepts_one_length_per_sequence() -> None:
     model = CostModel.load("h100-sxm")
-    assert model.predict_attention_decode(3, [100, 200, 300], 32, 8, 128, "bf16").time_s == pytest.approx(
-        model.predict_attention_decode(3, 200, 32, 8, 128, "bf16").time_s)
+    assert model.predict("attention_decode", 3, [100, 200, 300], 32, 8, 128, "bf16").time_s == pytest.approx(
+        model.predict("attention_decode", 3, 200, 32, 8, 128, "bf16").time_s)
     with pytest.raises(ValueError, match="3 context lengths for a batch of 2"):
-        model.predict_attention_decode(2, [1, 2, 3], 32, 8, 128, "bf16").time_s
+        model.predict("attention_decode", 2, [1, 2, 3], 32, 8, 128, "bf16").time_s
 
 
 def test_faster_hardware_predicts_faster_steps() -> None:
@@ -76,23 +79,25 @@ def test_faster_hardware_predicts_faster_steps() -> None:
     prefill = [Chunk(1024, 1024)]
     decode = [Chunk(1, 2048)] * 32
     for chunks in (prefill, decode):
-        times = {h: CostModel.load(h).step_time(chunks, spec).total_s for h in ("l4", "a100-80gb", "h100-sxm", "b200")}
+        times = {h: step_cost(CostModel.load(h), ReplicaShape(spec, block_size=None),
+                              chunks).total_s for h in ("l4", "a100-80gb", "h100-sxm", "b200")}
         assert times["l4"] > times["a100-80gb"] > times["h100-sxm"] > times["b200"]
     # Decode is bandwidth-bound: H200 (4.8 TB/s) beats H100 (3.35 TB/s) at the same compute peak.
-    assert CostModel.load("h200").step_time(decode, spec).total_s < CostModel.load("h100-sxm").step_time(
-        decode, spec).total_s
+    shape = ReplicaShape(spec, block_size=None)
+    assert step_cost(CostModel.load("h200"), shape, decode).total_s < step_cost(CostModel.load("h100-sxm"), shape,
+                                                                                 decode).total_s
 
 
 def test_step_time_tensor_parallel_and_breakdown() -> None:
     spec = load_model("llama-2-70b")
     model = CostModel.load("h100-sxm")
     chunks = [Chunk(512, 512), Chunk(1, 700, True), Chunk(1, 900, True)]
-    tp1 = model.step_time(chunks, spec, tp=1)
-    tp4 = model.step_time(chunks, spec, tp=4)
+    tp1 = step_cost(model, ReplicaShape(spec, tp=1, block_size=None), chunks)
+    tp4 = step_cost(model, ReplicaShape(spec, tp=4, block_size=None), chunks)
     assert tp4.total_s < tp1.total_s and "all_reduce" in tp4.by_operator and "all_reduce" not in tp1.by_operator
     assert tp1.total_s == pytest.approx(sum(tp1.by_operator.values()))
     assert set(tp1.provenance.values()) == {"extrapolated"}
-    assert model.step_time([], spec).total_s == 0.0
+    assert step_cost(model, ReplicaShape(spec, block_size=None), []).total_s == 0.0
 
 
 def test_profiled_device_needs_its_profile() -> None:
@@ -131,15 +136,15 @@ def test_profile_of_an_unknown_device_is_rejected(tmp_path) -> None:
 
 def test_idle_wakeup_is_zero_without_measurements_and_interpolated_with_them() -> None:
     plain = load_cost_model("a100-80gb", profile=gemm_profile())
-    assert plain.predict_idle_wakeup(1.0).time_s == 0.0
+    assert plain.predict("idle_wakeup", 1.0).time_s == 0.0
     profile = gemm_profile()
     profile.measurements += [Measurement.make("idle_wakeup", 0.4e-3, idle_ms=5),
                              Measurement.make("idle_wakeup", 1.2e-3, idle_ms=50)]
     model = load_cost_model("a100-80gb", profile=profile)
-    assert model.predict_idle_wakeup(0.001).time_s == 0.0  # shorter than any idle measured
-    assert model.predict_idle_wakeup(0.005).time_s == pytest.approx(0.4e-3)
-    assert 0.4e-3 < model.predict_idle_wakeup(0.02).time_s < 1.2e-3
-    assert model.predict_idle_wakeup(10.0).time_s == pytest.approx(1.2e-3)  # flat beyond the longest
+    assert model.predict("idle_wakeup", 0.001).time_s == 0.0  # shorter than any idle measured
+    assert model.predict("idle_wakeup", 0.005).time_s == pytest.approx(0.4e-3)
+    assert 0.4e-3 < model.predict("idle_wakeup", 0.02).time_s < 1.2e-3
+    assert model.predict("idle_wakeup", 10.0).time_s == pytest.approx(1.2e-3)  # flat beyond the longest
 
 
 @pytest.mark.parametrize("hardware, model, tp, weight_dtype, profile", [
@@ -162,10 +167,11 @@ def test_the_step_timers_token_sum_is_the_recipes_to_the_bit(hardware, model, tp
     root = Path(__file__).resolve().parents[3]
     costs = load_cost_model(hardware, profile=str(root / profile) if profile else None)
     spec = load_model(model)
-    timer = StepTimer(costs, spec, tp, 1, "bf16", weight_dtype)
+    timer = StepTimer(costs, ReplicaShape(spec, tp, weight_dtype=weight_dtype))
     recipe = StepRecipe.of(spec, tp, "bf16", weight_dtype)
     for tokens in (1, 2, 3, 7, 16, 100, 257, 1000, 2048, 4097, 8192, 12345):
         cost = StepCost(0.0)
-        costs.add_ops(cost, recipe.token_ops, tokens)
+        for op in recipe.token_ops:  # the recipe's operators one by one, as a report lists them
+            cost.add(op.name, costs.source(op.kind, op.shape).predict(op.size(tokens)), op.count)
         all_reduce = cost.by_operator.get("all_reduce", 0.0)
         assert timer.token_ops(tokens) == (cost.total_s - all_reduce, all_reduce), tokens

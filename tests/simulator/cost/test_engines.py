@@ -16,13 +16,13 @@ from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import step_cost
 
 
 def engine_model(hardware: str = "h100-sxm", engine: EngineProfile | None = None, max_num_seqs: int = 128,
                  mbt: int = 2048) -> CostModel:
-    cm = CostModel.load(hardware)
-    cm.use_engine(engine or load_engine(DEFAULT_GPU_ENGINE), max_num_seqs, mbt)
-    return cm
+    return CostModel.load(hardware).with_engine(engine or load_engine(DEFAULT_GPU_ENGINE), max_num_seqs, mbt)
 
 
 def test_catalog_profiles_load_and_round_trip(tmp_path) -> None:
@@ -59,7 +59,8 @@ def test_fitted_speeds_move_the_memory_bound_side_only() -> None:
     model = load_model("llama-3.1-8b")
     plain = replace(load_engine(DEFAULT_GPU_ENGINE), scales={}, device_scales={})
     fast = replace(plain, device_scales={"h100-sxm": {"gemm": 0.5}})
-    gate = lambda e, chunks: engine_model(engine=e).step_time(chunks, model).by_operator["gate_up_proj"]  # noqa: E731
+    gate = lambda e, chunks: step_cost(engine_model(engine=e), ReplicaShape(model, block_size=None),
+                                       chunks).by_operator["gate_up_proj"]  # noqa: E731
     decode, prefill = [Chunk(1, 500)] * 8, [Chunk(2048, 2048)]
     assert gate(fast, decode) < 0.8 * gate(plain, decode)  # memory-bound: faster
     assert gate(fast, prefill) == pytest.approx(gate(plain, prefill), rel=0.02)  # compute-bound: as before
@@ -72,7 +73,8 @@ def test_graphed_steps_pay_no_launch_term_and_run_padded() -> None:
     from simulator.catalog.models import load_model
     from simulator.cost.types import Chunk
     model = load_model("llama-3.1-8b")
-    step = lambda cm, n: cm.step_time([Chunk(1, 500)] * n, model).by_operator["gate_up_proj"]  # noqa: E731
+    step = lambda cm, n: step_cost(cm, ReplicaShape(model, block_size=None),
+                                   [Chunk(1, 500)] * n).by_operator["gate_up_proj"]  # noqa: E731
     assert step(vllm, 9) == pytest.approx(step(vllm, 16))  # 9 decodes run as the 16-token graph
     assert step(vllm, 9) < step(bare, 9)
 
@@ -80,18 +82,18 @@ def test_graphed_steps_pay_no_launch_term_and_run_padded() -> None:
 def test_custom_all_reduce_on_nvlink_nccl_beyond_it_and_on_pcie() -> None:
     cited = replace(load_engine(DEFAULT_GPU_ENGINE), scales={})  # the algorithms alone, no in-situ speed
     nvlink = engine_model("h100-sxm", cited)
-    one_shot = nvlink.predict_all_reduce(256 << 10, 4).time_s
-    two_shot = nvlink.predict_all_reduce(1 << 20, 4).time_s
-    nccl = nvlink.predict_all_reduce(16 << 20, 4).time_s
+    one_shot = nvlink.predict("all_reduce", 256 << 10, 4).time_s
+    two_shot = nvlink.predict("all_reduce", 1 << 20, 4).time_s
+    nccl = nvlink.predict("all_reduce", 16 << 20, 4).time_s
     # The cited H100 TP4 latencies the profile was set from: ~10 us (0.5 MB one-shot), ~18 us (1 MB two-shot).
     assert 6e-6 < one_shot < 12e-6 and 14e-6 < two_shot < 22e-6 and nccl > two_shot
-    assert nvlink.predict_all_reduce((512 << 10) - 16, 4).time_s == pytest.approx(10e-6, rel=0.25)
+    assert nvlink.predict("all_reduce", (512 << 10) - 16, 4).time_s == pytest.approx(10e-6, rel=0.25)
     pcie = engine_model("l40s", cited)  # custom kernel only at world 2 without NVLink
-    assert pcie.predict_all_reduce(256 << 10, 4).time_s > 3 * nvlink.predict_all_reduce(256 << 10, 4).time_s
+    assert pcie.predict("all_reduce", 256 << 10, 4).time_s > 3 * nvlink.predict("all_reduce", 256 << 10, 4).time_s
     no_custom = engine_model("h100-sxm", replace(cited, custom_all_reduce=None))
-    assert no_custom.predict_all_reduce(256 << 10, 4).time_s > one_shot
+    assert no_custom.predict("all_reduce", 256 << 10, 4).time_s > one_shot
     # The engine's algorithms replace the kernel-only model's fitted ring only under an engine.
-    assert CostModel.load("h100-sxm").predict_all_reduce(256 << 10, 4).time_s > 5 * one_shot
+    assert CostModel.load("h100-sxm").predict("all_reduce", 256 << 10, 4).time_s > 5 * one_shot
 
 
 def test_request_latency_adds_to_ttft_and_e2e_only() -> None:
@@ -168,5 +170,5 @@ def test_decode_attention_compute_speed_slows_grouped_heads_more() -> None:
     fast, slow = (engine_model(engine=replace(vllm, scales={**vllm.scales, "attention_decode_compute": c}))
                   for c in (1.0, 0.02))
     for heads, kv_heads, slower in ((64, 8, True), (32, 32, False)):
-        t = [cm.predict_attention_decode(64, 2000, heads, kv_heads, 128, "bf16").time_s for cm in (fast, slow)]
+        t = [cm.predict("attention_decode", 64, 2000, heads, kv_heads, 128, "bf16").time_s for cm in (fast, slow)]
         assert (t[1] > 1.5 * t[0]) is slower

@@ -9,7 +9,9 @@ from calibrate.fitting import load_cost_model
 from simulator.catalog import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.recipe import StepRecipe
-from simulator.cost.types import StepCost
+from simulator.cost.shape import ReplicaShape
+from simulator.cost.step_timer import StepTimer, step_cost
+from simulator.cost.types import Chunk
 from simulator.cost.moe import expert_shares, placement, step_load
 from simulator.cost.memory import weight_bytes_per_gpu
 from simulator.cost.profile_format import Measurement, Profile
@@ -57,10 +59,10 @@ def test_few_tokens_read_few_experts_and_many_tokens_amortize_them() -> None:
 def test_expert_parallel_adds_all_to_all_and_skew_slows_it() -> None:
     cm = CostModel.load("h100-sxm")
     mixtral = load_model("mixtral-8x7b")
-    plain, ep, skewed = StepCost(0.0), StepCost(0.0), StepCost(0.0)
-    cm.add_ops(plain, StepRecipe.of(mixtral, 4, "bf16").token_ops, 512)
-    cm.add_ops(ep, StepRecipe.of(mixtral, 4, "bf16", expert_parallel=True).token_ops, 512)
-    cm.add_ops(skewed, StepRecipe.of(mixtral, 4, "bf16", expert_parallel=True, routing_skew=1.5).token_ops, 512)
+    step = [Chunk(512, 512)]
+    plain = step_cost(cm, ReplicaShape(mixtral, tp=4), step)
+    ep = step_cost(cm, ReplicaShape(mixtral, tp=4, expert_parallel=True), step)
+    skewed = step_cost(cm, ReplicaShape(mixtral, tp=4, expert_parallel=True, routing_skew=1.5), step)
     assert "all_to_all" in ep.by_operator and "all_to_all" not in plain.by_operator
     assert skewed.by_operator["moe_experts"] > ep.by_operator["moe_experts"]
 
@@ -77,11 +79,11 @@ def test_profiled_expert_points_are_used_and_interpolated_between_expert_counts(
             profile.measurements.append(Measurement.make("moe_experts", base + active * extra, rows=rows, active=active,
                                                          hidden=64, ffn=96, dtype="bf16"))
     cm = load_cost_model("a100-80gb", profile=profile)
-    at_one = cm.predict_moe_experts(1, 1, 64, 96, "bf16")
+    at_one = cm.predict("moe_experts", 1, 1, 64, 96, "bf16")
     assert at_one.time_s == pytest.approx(100e-6) and at_one.provenance == "measured"
-    between = cm.predict_moe_experts(1, 2.5, 64, 96, "bf16")
+    between = cm.predict("moe_experts", 1, 2.5, 64, 96, "bf16")
     assert between.time_s == pytest.approx(250e-6)
-    other_shape = cm.predict_moe_experts(1, 2, 64, 128, "bf16")
+    other_shape = cm.predict("moe_experts", 1, 2, 64, 128, "bf16")
     assert other_shape.provenance == "extrapolated"
 
 
@@ -99,12 +101,10 @@ def test_moe_models_simulate_and_bad_expert_parallel_configs_are_refused() -> No
 
 
 def test_a_step_reads_the_experts_it_touches() -> None:
-    from simulator.cost.step_timer import StepTimer
-
     mixtral = load_model("mixtral-8x7b")
-    timer = StepTimer(CostModel.load("h100-sxm"), mixtral, tp=1)
+    timer = StepTimer(CostModel.load("h100-sxm"), ReplicaShape(mixtral))
     per_expert = 3 * 4096 * 14336 * 2 * 32  # bf16 bytes of one expert in every layer
     one, many = timer.weight_bytes(1), timer.weight_bytes(4096)
     assert many - one == pytest.approx(6 * per_expert, rel=1e-6)  # 2 experts per layer -> all 8
-    dense = StepTimer(CostModel.load("h100-sxm"), load_model("llama-3.1-8b"))
+    dense = StepTimer(CostModel.load("h100-sxm"), ReplicaShape(load_model("llama-3.1-8b")))
     assert dense.weight_bytes(1) == dense.weight_bytes(4096)

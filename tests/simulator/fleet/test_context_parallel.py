@@ -8,6 +8,8 @@ from pydantic import ValidationError
 
 from simulator.cost.model import CostModel
 from simulator.cost.step_timer import StepTimer
+from simulator.fleet.costs import cost_model_for
+from simulator.fleet.fleet import replica_shape
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
@@ -25,10 +27,8 @@ def test_cp1_reproduces_the_summary_without_the_field_and_the_plain_step_timer()
     without = simulate(config(kv_offload_gb=16), workload).summary.to_dict()
     with_cp1 = simulate(config(kv_offload_gb=16, cp=1), workload).summary.to_dict()
     base = config(kv_offload_gb=16)
-    cost_model = CostModel.load("h100-sxm")
-    cost_model.use_engine(base.engine_profile(), base.max_num_seqs, base.max_num_batched_tokens)
-    timer = StepTimer(cost_model, base.model_spec(), dtype=base.compute_dtype, kv_dtype=base.cache_dtype,
-                      block_size=base.block_size)
+    cost_model = cost_model_for(base)
+    timer = StepTimer(cost_model, replica_shape(base, base.model_spec()))
     plain = simulate(base, workload, cost_model, timer=timer).summary.to_dict()
     assert with_cp1 == without == plain and without["cp"] == 1
 
@@ -42,8 +42,8 @@ def test_a_long_prompt_gets_its_first_token_sooner_at_cp2() -> None:
 
 def test_the_ring_costs_more_on_a_slower_link() -> None:
     workload = load_workload(LONG)
-    slow = CostModel.load("h100-sxm")
-    slow.collective = {**slow.collective, "link_efficiency": slow.collective["link_efficiency"] / 200}
+    plain = CostModel.load("h100-sxm")
+    slow = plain.with_collective({**plain.collective, "link_efficiency": plain.collective["link_efficiency"] / 200})
     fast, crawl = simulate(config(cp=2), workload).summary, simulate(config(cp=2), workload, slow).summary
     assert crawl["time_split_s"]["communication"] > 10 * fast["time_split_s"]["communication"]
     assert crawl["ttft_s"]["p50"] > fast["ttft_s"]["p50"]

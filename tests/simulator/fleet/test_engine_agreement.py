@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
 
 from engine import EngineConfig, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from simulator.fleet import fleet as sim_run
-from simulator.cost.model import CostModel
-from simulator.cost.types import Chunk
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.cost.step_timer import StepTimer
 from simulator.workload.load import load_workload
 
 BLOCK, BLOCKS, SEQS, BUDGET = 4, 24, 6, 24
@@ -63,21 +59,3 @@ def test_scheduler_decisions_equal_the_engines(monkeypatch) -> None:
     assert sim_decisions == engine_decisions
     assert result.summary["prefix_cache_hit_rate"] > 0
 
-
-def test_step_timer_equals_the_cost_models_step_time() -> None:
-    spec = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", tp=2).model_spec()
-    cost_model = CostModel.load("a100-80gb")
-    timer = StepTimer(cost_model, spec, tp=2, dtype="bf16", block_size=16)
-    from engine.scheduler import ScheduledChunk
-
-    for chunks in ([ScheduledChunk(1, 100, 1, False, True), ScheduledChunk(2, 3000, 1, False, True)],
-                   [ScheduledChunk(1, 0, 512, True, True), ScheduledChunk(2, 40, 1, False, True)],
-                   [ScheduledChunk(1, 512, 256, True, False)],
-                   # speculative verification chunks (not prefill, several tokens) next to a decode
-                   [ScheduledChunk(1, 300, 5, False, True), ScheduledChunk(2, 90, 3, False, True),
-                    ScheduledChunk(3, 700, 1, False, True)]):
-        expected = cost_model.step_time([Chunk(c.num_tokens, c.start + c.num_tokens, c.samples,
-                                               verify=c.num_tokens > 1 and not c.is_prefill) for c in chunks],
-                                        spec, tp=2, dtype="bf16", block_size=16).total_s
-        assert timer.step(chunks) == pytest.approx(expected, rel=1e-9)
-        assert timer.step(chunks) == pytest.approx(expected, rel=1e-9)  # again, from the memo

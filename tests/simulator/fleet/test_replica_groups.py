@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from simulator.fleet import replica_groups
-from simulator.cost.model import CostModel
+from simulator.fleet.costs import cost_model_for
 from simulator.fleet.fleet import FleetRecord, FleetSetup, simulate_replicas
 from simulator.fleet.run import DEFAULT_SAMPLES, simulate
 from simulator.fleet.sim_config import SimConfig
@@ -29,8 +29,7 @@ CASES = [
 def together(config: SimConfig, workload) -> FleetRecord:
     """The whole fleet in one SimPy environment, behind its router (how other routers run)."""
     model, _, plan = config.check()
-    cost_model = CostModel.load(config.hardware)
-    cost_model.use_engine(config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
+    cost_model = cost_model_for(config)
     fleet = FleetSetup(config, model, plan, cost_model, None, True, True,
                        max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
     return simulate_replicas(fleet, workload.requests, list(range(config.replicas)))

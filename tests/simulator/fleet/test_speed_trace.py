@@ -7,6 +7,7 @@ import pytest
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.speed_trace import SpeedTrace, SpeedTracedTimer
+from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import StepTimer
 from simulator.cost.model import CostModel
 from tests.simulator.helpers import workload
@@ -33,8 +34,8 @@ def test_factors_are_interpolated_and_held_at_the_ends() -> None:
 def _timers(config: SimConfig, trace: SpeedTrace) -> tuple[StepTimer, SpeedTracedTimer]:
     model = config.model_spec()
     cost_model = CostModel.load(config.hardware)
-    return StepTimer(cost_model, model, dtype=config.compute_dtype), SpeedTracedTimer(
-        cost_model, model, dtype=config.compute_dtype, trace=trace)
+    shape = ReplicaShape(model, dtype=config.compute_dtype)
+    return StepTimer(cost_model, shape), SpeedTracedTimer(cost_model, shape, trace)
 
 
 def test_steps_take_the_factor_at_their_start() -> None:

@@ -3,7 +3,7 @@ scheduling decisions equal those of stepping the scheduler one step at a time.""
 
 from __future__ import annotations
 
-from calibrate.fitting import fit_framework, load_cost_model
+from calibrate.fitting import load_cost_model
 
 import pandas as pd
 import pytest
@@ -86,10 +86,11 @@ def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
     from engine.sequence import Sequence
     from simulator.catalog.models import load_model
     from simulator.cost.model import CostModel
+    from simulator.cost.shape import ReplicaShape
     from simulator.cost.step_timer import StepTimer
 
     def timer() -> StepTimer:
-        return StepTimer(CostModel.load("a100-80gb"), load_model("llama-3.1-8b"), block_size=16)
+        return StepTimer(CostModel.load("a100-80gb"), ReplicaShape(load_model("llama-3.1-8b"), block_size=16))
 
     running = []
     for i, context in enumerate([37, 500, 1201, 64]):
@@ -136,10 +137,9 @@ def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, t
 
     def charged() -> CostModel:
         cost_model = load_cost_model(config.hardware, profile=config.profile)
-        cost_model.framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0,
-                                **cost_model.framework,
-                                "step_per_halving_s": 2e-3, "step_per_doubling_s": 1e-3}
-        return cost_model
+        return cost_model.with_framework({**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0,
+                                          **cost_model.framework,
+                                          "step_per_halving_s": 2e-3, "step_per_doubling_s": 1e-3})
 
     bulk = simulate(config, load_workload(spec, seed=3), cost_model=charged())
     stepwise = simulate(config, load_workload(spec, seed=3), cost_model=charged(), bulk_decodes=False)

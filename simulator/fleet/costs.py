@@ -1,0 +1,22 @@
+"""The one factory of a configuration's cost model: its device's (the catalog accelerator's, or a
+profiled device's fitted on its profile) under the serving engine it names. The CLI, the app, the
+planner and the simulator all get theirs here; calibrate fits a profiled device's first and hands
+it in. No torch."""
+
+from __future__ import annotations
+
+from simulator.catalog.engines import EngineProfile
+from simulator.cost.model import CostModel
+from simulator.fleet.sim_config import SimConfig
+
+
+def cost_model_for(config: SimConfig, device: CostModel | None = None,
+                   engine: EngineProfile | None = None) -> CostModel:
+    """config's cost model: `device` (default: CostModel.load of its hardware and profile) under
+    `engine` (default: config.engine_profile()). A device model that already carries an engine
+    keeps it unless `engine` is given. Never changes `device`."""
+    if device is None:
+        device = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
+    if device.engine is not None and engine is None:
+        return device
+    return device.with_engine(engine or config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
