@@ -4,12 +4,9 @@ measured whole steps) and the features they scale with. No torch."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from engine.decode_groups import padded_decode_batches
 from simulator.catalog.models import ModelSpec
 from simulator.cost.moe import step_load
-from simulator.cost.types import Chunk
 
 FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_prefill_s", "step_per_group_s",
                    "step_per_token_s", "layer_s", "layer_per_chunk_s", "layer_per_prefill_s", "layer_per_group_s",
@@ -61,21 +58,3 @@ def moe_host_features(model: ModelSpec, tokens: int) -> tuple[float, float]:
         return 0.0, 0.0
     active = step_load(tokens, model.num_experts, model.experts_per_token).active_experts
     return float(model.num_moe_layers), model.num_moe_layers * active
-
-
-def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int, int, int, int, int]:
-    """What the framework terms scale with: (chunks, tokens, prefill chunks, attention groups,
-    whether the step verifies drafts) -- verification chunks are attended in one batch like
-    decodes, so they add a group, not prefills."""
-    prefills = sum(1 for c in chunks if c.num_tokens > 1 and not c.verify)
-    verifying = any(c.num_tokens > 1 and c.verify for c in chunks)
-    return (len(chunks), sum(c.num_tokens for c in chunks), prefills,
-            decode_group_count(chunks, block_size) + (1 if verifying else 0), int(verifying))
-
-
-def decode_group_count(chunks: Sequence[Chunk], block_size: int | None) -> int:
-    """Attention calls the engine makes for the step's decodes (engine/decode_groups.py)."""
-    decodes = [c.context_len for c in chunks if c.num_tokens == 1]
-    if not decodes:
-        return 0
-    return len(padded_decode_batches(decodes, block_size)) if block_size else 1

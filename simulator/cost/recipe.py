@@ -1,8 +1,8 @@
 """The step recipe: the one list of what a step of a model runs on one rank, with shapes and
 counts, for (model, tp, expert parallelism, dtypes). No torch.
 
-Everything that needs a layer's operators reads it: CostModel.step_time and the simulator's
-StepTimer time its ops, the StepTimer's FLOPs and bytes (MFU / MBU) come from its weights, and
+Everything that needs a layer's operators reads it: the step assembler (simulator/cost/step_timer.py)
+times its ops, the StepTimer's FLOPs and bytes (MFU / MBU) come from its weights, and
 adding an operator to a layer is adding it here.
 
 A step's operators fall in three groups by what their size follows:

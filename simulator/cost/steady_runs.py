@@ -8,13 +8,13 @@ import math
 from typing import Protocol
 
 from simulator.cost.recipe import StepRecipe
-from simulator.cost.step_parts import StepParts, TimeSplit
+from simulator.cost.step_parts import StepParts, StepTally
 
 
 class StepTimer(Protocol):
     """What a steady run reads of its timer (simulator/cost/step_timer.py's StepTimer)."""
 
-    split: TimeSplit
+    split: StepTally
     recipe: StepRecipe
     _operator_scale: float
     _kv_bytes_per_token: float

@@ -1,6 +1,6 @@
 """The small types the step assembler (simulator/cost/step_timer.py) works in: what a step is made
 of (StepComposition), what its time splits into (StepParts), and where a replica's busy time went
-over many steps (TimeSplit). No torch."""
+over many steps (StepTally: the sums the summary's time split and MFU / MBU are made from). No torch."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ class StepParts(NamedTuple):
 
 
 @dataclass
-class TimeSplit:
-    """Where a replica's busy time went, in seconds (summed over steps)."""
+class StepTally:
+    """Where a replica's busy time went, in seconds, and the work it did, summed over its steps
+    (the summary's TimeSplit and utilization read it)."""
 
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -54,7 +55,7 @@ class TimeSplit:
     bytes_moved: float = 0.0  # per GPU: weights and KV read
     steps: int = 0
 
-    def merge(self, other: "TimeSplit") -> None:
+    def merge(self, other: "StepTally") -> None:
         for name in ("prefill_s", "decode_s", "communication_s", "overhead_s", "flops", "bytes_moved", "steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 

@@ -28,7 +28,7 @@ from simulator.cost.moe import step_load
 from simulator.cost.operators import kv_dequant_timer, verify_source
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.steady_runs import PaddedSteadyRun, SteadyRun, UniformSteadyRun
-from simulator.cost.step_parts import StepComposition, StepParts, TimeSplit
+from simulator.cost.step_parts import StepComposition, StepParts, StepTally
 from simulator.cost.types import Chunk, CostReader, Prediction, StepCost
 
 # Distinct arguments remembered per part before the memo starts afresh (bounds memory on long runs).
@@ -52,7 +52,7 @@ class StepTimer:
 
     def __init__(self, cost_model: CostReader, shape: ReplicaShape) -> None:
         self.cost_model, self.shape = cost_model, shape
-        self.split = TimeSplit()
+        self.split = StepTally()
         self.last_sampled = 0  # rows that sampled a token in the last step timed
         model = self.model = shape.model
         self._layers = model.num_layers

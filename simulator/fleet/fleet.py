@@ -18,7 +18,7 @@ from simulator.catalog.models import ModelSpec
 from simulator.cost.memory import GB, MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.cost.shape import ReplicaShape, weight_dtype_of
-from simulator.cost.step_parts import TimeSplit
+from simulator.cost.step_parts import StepTally
 from simulator.cost.step_timer import StepTimer
 from simulator.fleet.block_pool import ExactKeyBlockPool
 from simulator.fleet.tiered_pool import HOST_LINK_EFFICIENCY, TieredBlockPool
@@ -51,7 +51,7 @@ class FleetRecord:
     """What simulating some of a fleet's replicas leaves for its summary."""
 
     recorder: Recorder
-    split: TimeSplit
+    split: StepTally
     busy_s: float  # summed over the replicas
     speculation: list[dict]  # per replica with speculative decoding: its counts (Speculation.counts)
     replicas: list[int]  # the replicas simulated (global indices)
@@ -63,7 +63,7 @@ class FleetRecord:
             return records[0]
         # In replica order: the merged rows and samples do not depend on which process ran what.
         records = sorted(records, key=lambda r: r.replicas)
-        recorder, split = Recorder(), TimeSplit()
+        recorder, split = Recorder(), StepTally()
         for r in records:
             recorder.merge(r.recorder)
             split.merge(r.split)
