@@ -1,6 +1,6 @@
 """Real runs from the command line: `servecast validate --runs PATH...` replays measured runs (rows
 of runs tables, replay folders) through the simulator on an engine profile; `servecast calibrate
---runs PATH...` fits an engine profile on them (calibrate/engine_fit.py) and writes it for
+--runs PATH...` fits an engine profile on them (calibrate/fitting/engine_profile.py) and writes it for
 --engine-file."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ENGINE_DEFAULT = "(default: servecast's own for replays on a profiled device, el
 
 
 def _read(runs: list[Path], hardware: str | None, max_num_batched_tokens: int, profile: Path | None):
-    from calibrate.replay_runs import read_run_sources
+    from calibrate.runs.sources import read_run_sources
 
     return read_run_sources(runs, hardware, max_num_batched_tokens, str(profile) if profile else None)
 
@@ -39,7 +39,7 @@ def sources_name(runs: list[Path]) -> str:
 
 
 def runs_table(title: str, replayed) -> Table:
-    from calibrate.real_runs import METRICS
+    from calibrate.runs.tables import METRICS
 
     table = Table(title=title)
     table.add_column("run")
@@ -63,7 +63,7 @@ def runs_table(title: str, replayed) -> Table:
 def validate_runs(runs: list[Path], engine: str | None, engine_file: Path | None, hardware: str | None,
                   max_num_batched_tokens: int, time_scale: float, as_json: bool, device_profile: Path | None = None) -> None:
     """Replay every run on the engine profile; print predicted / measured and the median errors."""
-    from calibrate.engine_fit import predict, summary_errors
+    from calibrate.fitting.engine_profile import predict, summary_errors
 
     try:
         if not 0 < time_scale <= 1:
@@ -100,7 +100,7 @@ def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: st
                    fit_time_scale: float, time_scale: float, evaluations: int, device_profile: Path | None = None,
                    workers: int = 1, as_json: bool = False, refit: str = "full") -> None:
     """Fit an engine profile on the runs (cross-validated) and write it."""
-    from calibrate.engine_fit import cross_validate
+    from calibrate.fitting.engine_profile import cross_validate
 
     try:
         if out is None:

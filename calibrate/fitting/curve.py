@@ -1,7 +1,7 @@
 """Fit efficiency curves (simulator/cost/efficiency.py) to measured operator times. No torch.
 
 `fit_curve` fits one operator family of one or more profiles by least squares on log time.
-`build_params` (`servecast calibrate`; `python -m calibrate.fit` writes the catalog's file) refits
+`build_params` (`servecast calibrate`; `python -m calibrate.fitting.curve` writes the catalog's file) refits
 the parameters simulator/catalog/efficiency.json ships, from the Vidur A100 profiles in ../shared.
 """
 
@@ -127,15 +127,15 @@ def write_params(path: str | Path, params: dict) -> None:
 
 
 # -- the shipped parameter file ------------------------------------------------------------------
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-PARAMS_OUT = Path(__file__).resolve().parent.parent / "simulator" / "catalog" / "efficiency.json"
+SHARED = Path(__file__).resolve().parent.parent.parent.parent / "shared"
+PARAMS_OUT = Path(__file__).resolve().parent.parent.parent / "simulator" / "catalog" / "efficiency.json"
 HELD_OUT_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # The CPU held-out MAPE (bench/cost_model_heldout.py: 12% time-weighted on two profile pairs), rounded up.
 FITTED_ERROR = 0.15
 
 
 def vidur_profiles(sku: str, shared: Path = SHARED) -> list:
-    from calibrate.vidur import import_vidur_compute
+    from calibrate.profiling.vidur import import_vidur_compute
 
     files = sorted((shared / "profiles" / "vidur" / "compute" / sku).glob("*/*/mlp.csv"))
     if not files:
@@ -201,7 +201,7 @@ def gpu_held_out(curves: dict[str, EfficiencyCurve], shared: Path = SHARED) -> d
 def fit_all_reduce(shared: Path = SHARED) -> dict[str, float]:
     """Intra-node all-reduce on the Vidur A100 DGX profile:
     t = base + per_hop * (w - 1) + 2 (w - 1) / w * bytes / (link_efficiency * link bandwidth)."""
-    from calibrate.vidur import import_vidur_network
+    from calibrate.profiling.vidur import import_vidur_network
     from simulator.catalog.hardware import get_accelerator
 
     path = shared / "profiles" / "vidur" / "network" / "a100_dgx" / "all_reduce.csv"
@@ -228,7 +228,7 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
     """Refit the all-reduce latency terms (base, per hop) on Splitwise's measured A100 decode
     steps of Llama-2-70B at TP 2/4/8 (../shared/reference/perf_model.csv): a serving engine's
     collectives carry more fixed cost than a bare NCCL benchmark. H100 rows stay held out."""
-    from calibrate.splitwise import splitwise_rows
+    from calibrate.fitting.splitwise import splitwise_rows
     from simulator.catalog.hardware import get_accelerator
     from simulator.catalog.models import load_model
     from simulator.cost.model import CostModel
@@ -266,7 +266,7 @@ def build_params(shared: Path = SHARED, out: Path = PARAMS_OUT, progress: Progre
     by_curve = {(f"gemm:{k}" if k in HELD_OUT_OPS else f"elementwise:{k}"): round(v, 4) for k, v in held_out.items()}
     by_curve["gemm"] = round(gemm_error, 4)
     params = {
-        "fitted_on": "Vidur A100-80GB mlp.csv profiles (fp16), ../shared/profiles/vidur; calibrate/fit.py",
+        "fitted_on": "Vidur A100-80GB mlp.csv profiles (fp16), ../shared/profiles/vidur; calibrate/fitting/curve.py",
         "curves": {k: v.to_dict() for k, v in sorted(curves.items())},
         "all_reduce": all_reduce,
         "held_out_a40_mape": {k: round(v, 4) for k, v in sorted(held_out.items())},

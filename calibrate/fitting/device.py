@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from calibrate.fit import Sample, fit_curve
+from calibrate.fitting.curve import Sample, fit_curve
 from simulator.catalog.models import ModelSpec
 from simulator.cost.curves import additive, curve_keys_of, fallback, work_of
 from simulator.cost.efficiency import EfficiencyCurve

@@ -10,7 +10,7 @@ Everything else in the profile (CUDA graphs, the all-reduce algorithms) is fixed
 sources. The fit minimises a robust (soft L1) loss of the log errors of the E2E mean, TTFT mean
 and TPOT of the unsaturated runs and the TPOT of the saturated ones, each run simulated in full
 through the engine's scheduler (stages shortened by time_scale). Runs are rows of runs tables or
-replays of traces against a server (calibrate/run_replay.py MeasuredRun). A fit of an engine that
+replays of traces against a server (calibrate/runs/measured.py MeasuredRun). A fit of an engine that
 adds nothing (servecast's own, on a profiled device) starts from the device's profile as it is
 (neutral_start), a fit of a production engine from values typical of vLLM on an H100.
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibrate.real_runs import METRICS
-from calibrate.run_replay import MeasuredRun, Replayed, replay
+from calibrate.runs.tables import METRICS
+from calibrate.runs.measured import MeasuredRun, Replayed, replay
 from simulator.catalog.engines import INTERVAL, EngineProfile, residual_quantile
 from simulator.cost.model import CostModel
 

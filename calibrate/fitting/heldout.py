@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.fitting import load_cost_model
-from calibrate.splitwise import HARDWARE_IDS, splitwise_rows
+from calibrate.fitting.device import load_cost_model
+from calibrate.fitting.splitwise import HARDWARE_IDS, splitwise_rows
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.catalog.models import load_model

@@ -118,8 +118,8 @@ def measure_acceptance(pair: Path, num_speculative_tokens: int = 4, num_prompts:
     """Acceptance per draft position of the pair's draft on held-out text (engine/spec_decode.py
     statistics), with the prompts taken at evenly spaced places of the held-out files."""
     from engine import EngineConfig, LLMEngine
-    from engine.config import ModelConfig
-    from engine.sampling_params import SamplingParams
+    from engine.policy.config import ModelConfig
+    from engine.policy.sampling_params import SamplingParams
     from engine.spec_decode import request_acceptance
     from engine.weights import read_safetensors_dir
 

@@ -3,7 +3,7 @@
 Operators timed alone miss what a speculative step adds around them: the target's verification
 step (every draft row through the LM head, per-request acceptance) and the draft's proposal loop
 (views, draws, one forward per draft position). Recording the target's and the draft's forwards
-in calibration runs gives StepObservations on which calibrate.fitting.fit_framework fits each model's
+in calibration runs gives StepObservations on which calibrate.fitting.device.fit_framework fits each model's
 framework terms -- the way `servecast validate` calibrates on other requests than it checks.
 """
 

@@ -1,4 +1,4 @@
-"""What a profile's header says about the device it measured (calibrate/profiler.py writes it):
+"""What a profile's header says about the device it measured (calibrate/profiling/profiler.py writes it):
 the fingerprint (device name, torch, threads, dtype, kernels), the best matmul rate and copy
 bandwidth (measure_peaks), and read bandwidth over working-set sizes (measure_bandwidth_by_size).
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from calibrate.operator_timing import median_time
-from calibrate.profile_plan import ProfileGrid
+from calibrate.profiling.operator_timing import median_time
+from calibrate.profiling.plan import ProfileGrid
 from engine.linear import Linear
 from simulator.catalog.hardware import canonical_dtype
 

@@ -1,5 +1,5 @@
-"""Timing the engine's own operators one profile point at a time (calibrate/profiler.py runs
-the plan of calibrate/profile_plan.py through an OperatorTimer).
+"""Timing the engine's own operators one profile point at a time (calibrate/profiling/profiler.py runs
+the plan of calibrate/profiling/plan.py through an OperatorTimer).
 
 Every operator is the engine's code: packed-weight GEMMs (engine/linear.py), paged attention
 (engine/attention.py), KV-cache writes and reads, RMSNorm / rotary / SwiGLU / residual adds,
@@ -20,18 +20,18 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from calibrate.profile_plan import ProfileGrid
+from calibrate.profiling.plan import ProfileGrid
 from engine.attention import attend, build_metadata
-from engine.config import CacheConfig, ModelConfig, SchedulerConfig
+from engine.policy.config import CacheConfig, ModelConfig, SchedulerConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.model import DecoderModel, RMSNorm
 from engine.rope import RotaryEmbedding, apply_rotary
 from engine.step_plan import slots_for
 from engine.sampler import sample
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 from engine.weights import build_decoder
 from simulator.cost.profile_format import forward_contexts
 
@@ -207,7 +207,7 @@ class OperatorTimer:
         from dataclasses import replace
 
         from engine.runner import ModelRunner
-        from engine.scheduler import ScheduledChunk, SchedulerOutput
+        from engine.policy.scheduler import ScheduledChunk, SchedulerOutput
 
         bs = self.grid.block_size
         config = replace(self.model, num_layers=p["layers"])

@@ -1,4 +1,4 @@
-"""What a profile times (`servecast profile`, calibrate/profiler.py): the grid of shapes and
+"""What a profile times (`servecast profile`, calibrate/profiling/profiler.py): the grid of shapes and
 settings (ProfileGrid) and, for one model, every point of the plan in the order it is measured
 (profile_plan), with the attention head layouts it is timed at (attention_shapes).
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ rotate through copies of their weights and whole forwards read a scattered KV po
 Each point: warm-up, then the median of repeated timed calls. Results are appended one line at a time, so an interrupted profile resumes.
 Random weights: timing does not depend on their values.
 
-The pieces: what is timed (calibrate/profile_plan.py), how each operator is built and timed
-(calibrate/operator_timing.py), and the device's fingerprint and peaks (calibrate/profile_header.py).
+The pieces: what is timed (calibrate/profiling/plan.py), how each operator is built and timed
+(calibrate/profiling/operator_timing.py), and the device's fingerprint and peaks (calibrate/profiling/header.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from calibrate.operator_timing import OperatorTimer
-from calibrate.profile_header import fingerprint, measure_bandwidth_by_size, measure_peaks
-from calibrate.profile_plan import ProfileGrid, attention_shapes, profile_plan
-from engine.config import ModelConfig
+from calibrate.profiling.operator_timing import OperatorTimer
+from calibrate.profiling.header import fingerprint, measure_bandwidth_by_size, measure_peaks
+from calibrate.profiling.plan import ProfileGrid, attention_shapes, profile_plan
+from engine.policy.config import ModelConfig
 from engine.linear import Linear
 from engine.quant_kernels import KernelChoice, adopt, choice_key
 from engine.runner import TORCH_DTYPES
@@ -84,7 +84,7 @@ class Profiler:
 
     # -- the grid -----------------------------------------------------------------------------
     def plan(self) -> list[tuple[str, dict]]:
-        """(op, params) of every measurement, in order (calibrate/profile_plan.py)."""
+        """(op, params) of every measurement, in order (calibrate/profiling/plan.py)."""
         return profile_plan(self.model, self.grid, self.dtype, self.tp, self.torch_dtype.itemsize, self.cp)
 
     def _attention_shapes(self) -> list[dict]:
@@ -122,7 +122,7 @@ class Profiler:
             todo = [(op, params) for op, params in group if Measurement.make(op, 1.0, **params).key not in done]
             times: dict[int, list[float]] = {i: [] for i in range(len(todo))}
             if todo and todo[0][0] in ("all_reduce", "all_to_all", "kv_ring"):
-                from calibrate.collectives import measure_collective
+                from calibrate.profiling.collectives import measure_collective
 
                 measured = measure_collective(todo[0][0], todo[0][1]["world"], [p["nbytes"] for _, p in todo],
                                               self.device.type, str(self.torch_dtype).removeprefix("torch."))
@@ -168,7 +168,7 @@ def write_fitted_beside(path: Path) -> Path | None:
     simulator reads them instead of fitting; a resumed profile that measured nothing new keeps its
     current terms. None where the device is not in the catalog (users' own hardware files: the CLI
     fits in memory then)."""
-    from calibrate.fitting import fit_profile
+    from calibrate.fitting.device import fit_profile
     from simulator.cost.fitted import FittedTerms
     from simulator.cost.model import CostModel
 

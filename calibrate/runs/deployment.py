@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.dtypes import canonical_dtype
+from engine.policy.dtypes import canonical_dtype
 from simulator.fleet.sim_config import SimConfig, validation_items
 
 # SimConfig fields a deployment may not set: the workload's (slo, seed) and what calibration fits.

@@ -89,7 +89,7 @@ def first_model(models: dict | None, url: str) -> str:
 
 
 def reported_deployment(models: dict | None, model: str) -> dict:
-    """The deployment servecast's server reports in the card of `model` (calibrate/deployment.py);
+    """The deployment servecast's server reports in the card of `model` (calibrate/runs/deployment.py);
     {} from a server that reports none."""
     for card in (models or {}).get("data") or []:
         if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("deployment"), dict):

@@ -2,8 +2,8 @@
 and the simulated figures beside the measured ones. No torch.
 
 A measured run (MeasuredRun) is a summary of real serving: a row of a runs table
-(calibrate/real_runs.py RealRun) or a replay folder (calibrate/replay_runs.py TraceRun). The fit
-(calibrate/engine_fit.py) reads runs through this interface alone."""
+(calibrate/runs/tables.py RealRun) or a replay folder (calibrate/runs/sources.py TraceRun). The fit
+(calibrate/fitting/engine_profile.py) reads runs through this interface alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from calibrate.real_runs import SATURATED_TTFT_MS
+from calibrate.runs.tables import SATURATED_TTFT_MS
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig

@@ -3,7 +3,7 @@
 summarize() gives RunSummary's keys in their order (simulator/fleet/summary.py; DESIGN.md "Summary
 JSON"), so `servecast compare` reads a simulation and a replay key by key, with the simulator's own
 figures (simulator.fleet.metrics distribution and slo_attainment) computed from the requests frame
-alone (calibrate/http_replay.py records_frame): a frame read back gives the same summary. Failed
+alone (calibrate/runs/http.py records_frame): a frame read back gives the same summary. Failed
 requests count as the simulator's rejected ones (num_rejected, rejections by error).
 
 What a client cannot observe is null: hardware and parallelism, quant and dtypes, scheduler and
@@ -56,7 +56,7 @@ class ReplayInfo:
     vocab_size: int  # token ids drawn from [0, vocab_size)
     started_at: str  # ISO 8601, UTC
     server: dict | None  # what GET {url}/models returned
-    # The server as the simulator sees it (calibrate/deployment.py: SimConfig fields), as far as it
+    # The server as the simulator sees it (calibrate/runs/deployment.py: SimConfig fields), as far as it
     # was reported or stated; what `servecast calibrate --runs` simulates the replay on.
     deployment: dict | None = None
     prompt_seed: int | None = None  # the prompts' token ids' (None: seed, as replays before it drew them)

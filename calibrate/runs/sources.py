@@ -1,14 +1,14 @@
 """Replays as measured runs: a `servecast replay --out` folder read as a run to fit an engine
-profile on (calibrate/engine_fit.py) or to validate one against (calibrate/run_replay.py
+profile on (calibrate/fitting/engine_profile.py) or to validate one against (calibrate/runs/measured.py
 MeasuredRun). No torch.
 
 A replay folder says what was sent (its trace spec, seed and rate scale: the same workload is
 rebuilt), what the client measured (its summary), and where (its deployment: the server as
-SimConfig fields, calibrate/deployment.py). The simulator replays the whole trace, as it was sent
+SimConfig fields, calibrate/runs/deployment.py). The simulator replays the whole trace, as it was sent
 (a replay is not shortened for the fit). TPOT is the mean of the requests' own TPOTs, as both
 summaries compute it.
 
-read_run_sources() reads what `--runs` names: runs tables (markdown or CSV, calibrate/real_runs.py),
+read_run_sources() reads what `--runs` names: runs tables (markdown or CSV, calibrate/runs/tables.py),
 replay folders, and folders of replay folders.
 """
 
@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from calibrate.deployment import deployment_config
-from calibrate.real_runs import (SATURATED_TTFT_MS, RunsError, milliseconds, model_family, read_runs,
+from calibrate.runs.deployment import deployment_config
+from calibrate.runs.tables import (SATURATED_TTFT_MS, RunsError, milliseconds, model_family, read_runs,
                                  summary_figures)
-from calibrate.replay_summary import SUMMARY_FILE, ReplayRun, read_replay
+from calibrate.runs.replay_summary import SUMMARY_FILE, ReplayRun, read_replay
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
 from simulator.workload.requests import Workload

@@ -88,7 +88,7 @@ class RealRun:
         """The model's catalog id, for leave-one-model-out."""
         return model_family(self.model)
 
-    # -- what a measured run offers the fit (calibrate/run_replay.py MeasuredRun) ----------------
+    # -- what a measured run offers the fit (calibrate/runs/measured.py MeasuredRun) ----------------
     @property
     def duration_s(self) -> float:
         return sum(seconds for _, seconds in self.preset.stages)

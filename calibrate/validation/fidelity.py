@@ -11,12 +11,12 @@ are fitted, for every replay, on engine steps of *other* requests replayed just 
 after it (never on the replay's own steps), and each level is measured `repeats` times afresh, in
 rounds that measure every level once; a level's error is the median over its repeats, and the
 spread is reported with it. Within a replay the speed still changes by several percent from second
-to second: a speed probe timed before every engine step (calibrate/speed_probe.py) measures it,
-and the simulator replays the level at those speeds (simulator/fleet/speed_trace.py).
+to second: a speed probe timed before every engine step (calibrate/validation/speed_probe.py) measures it,
+and the simulator replays the level at those speeds (calibrate/validation/speed_trace.py).
 
-The pieces: the setup (calibrate/validation_setup.py), one measurement of a level
-(calibrate/level_measurement.py), the engine's recorded steps (calibrate/recorded_steps.py), and
-the errors and their table (calibrate/validation_results.py).
+The pieces: the setup (calibrate/validation/settings.py), one measurement of a level
+(calibrate/validation/level_measurement.py), the engine's recorded steps (calibrate/validation/recorded_steps.py), and
+the errors and their table (calibrate/validation/results.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from calibrate.fitting import load_cost_model
-from calibrate.level_measurement import measure_level
-from calibrate.validation_results import LevelResult, Measurement
-from calibrate.validation_setup import ValidationSetup, workload_at
+from calibrate.fitting.device import load_cost_model
+from calibrate.validation.level_measurement import measure_level
+from calibrate.validation.results import LevelResult, Measurement
+from calibrate.validation.settings import ValidationSetup, workload_at
 from simulator.fleet.run import simulate
 
 
@@ -38,9 +38,9 @@ def profile_for(setup: ValidationSetup, folder: Path, profile: str | None,
     """The given profile, or a fresh profile of the validation model on this device."""
     if profile is not None:
         return profile
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
 
     path = folder / "validation-profile.jsonl"
     config = ModelConfig.from_hf(setup.model)

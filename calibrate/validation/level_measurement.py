@@ -1,4 +1,4 @@
-"""One measurement of a load level (calibrate/validate.py measures every level this way): a
+"""One measurement of a load level (calibrate/validation/fidelity.py measures every level this way): a
 burn-in, calibration replays of other requests before and after the level's own replay through the
 real engine, the framework terms fitted on the calibration's steps, and the level simulated on the
 fitted cost model (measure_level).
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fitting import fit_framework
-from calibrate.recorded_steps import record_steps, step_errors, step_observations, validation_timer
-from calibrate.speed_probe import SpeedProbe, slowdowns
-from calibrate.validation_results import Measurement, metrics_of
-from calibrate.validation_setup import ValidationSetup, workload_at
+from calibrate.fitting.device import fit_framework
+from calibrate.validation.recorded_steps import record_steps, step_errors, step_observations, validation_timer
+from calibrate.validation.speed_probe import SpeedProbe, slowdowns
+from calibrate.validation.results import Measurement, metrics_of
+from calibrate.validation.settings import ValidationSetup, workload_at
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile
 from simulator.fleet.run import SimResult, simulate
@@ -51,7 +51,7 @@ def calibration_order(half: int) -> list[tuple[int, tuple[float, float]]]:
 
 def engine_requests(workload: Workload, vocab_size: int, seed: int) -> list:
     from engine.replay import TimedRequest
-    from engine.sampling_params import SamplingParams
+    from engine.policy.sampling_params import SamplingParams
 
     return [TimedRequest(str(r.request_id), r.arrival_s, prompt_ids(r, vocab_size, seed),
                          SamplingParams(max_tokens=r.output_tokens, temperature=0.0, ignore_eos=True))
@@ -78,9 +78,9 @@ def refreshed_profile(setup: ValidationSetup, profile: str, path: Path) -> tuple
     and the drift (median ratio of the new forward times to the old)."""
     from dataclasses import replace
 
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
 
     base = Profile.load(profile)
     Profile(base.hardware, base.fingerprint, base.peaks, base.source,
@@ -105,14 +105,14 @@ def measure_level(setup: ValidationSetup, folder: Path, profile: str, config: Si
     engine to that steady state before anything is timed, and sharing the engine brackets the
     level's replay in engine age as well as in time.
 
-    With setup.speed_probe, a probe timed before every step (calibrate/speed_probe.py) says how fast
+    With setup.speed_probe, a probe timed before every step (calibrate/validation/speed_probe.py) says how fast
     the machine ran at each moment: the calibration's step times are fitted as they would have been
     at the calibration's usual speed, and the level is simulated at the speed the probe saw during
-    it (simulator/fleet/speed_trace.py).
+    it (calibrate/validation/speed_trace.py).
     """
     from engine import LLMEngine
     from engine.replay import replay
-    from simulator.fleet.speed_trace import SpeedTrace
+    from calibrate.validation.speed_trace import SpeedTrace
 
     if on_progress:
         on_progress(stage, 0, 1)

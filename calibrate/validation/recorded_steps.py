@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from calibrate.speed_probe import ProbedClock, SpeedProbe
+from calibrate.validation.speed_probe import ProbedClock, SpeedProbe
 from simulator.cost.model import CostModel
 from simulator.fleet.sim_config import SimConfig
 
 if TYPE_CHECKING:
-    from simulator.fleet.speed_trace import SpeedTrace
+    from calibrate.validation.speed_trace import SpeedTrace
     from simulator.cost.step_timer import StepTimer
 
 
@@ -95,7 +95,7 @@ def validation_timer(config: SimConfig, cost_model: CostModel, trace: SpeedTrace
     """The StepTimer the validation times engine steps with (one replica, tp 1, unquantized
     weights); with a SpeedTrace, one that scales each step by the trace at the step's start. The
     level's simulation and its step-time errors use the same one, so they agree on every step."""
-    from simulator.fleet.speed_trace import SpeedTracedTimer
+    from calibrate.validation.speed_trace import SpeedTracedTimer
     from simulator.cost.step_timer import StepTimer
 
     model, _, _ = config.check()

@@ -1,4 +1,4 @@
-"""What a validation found (calibrate/validate.py): a level's metrics from its requests
+"""What a validation found (calibrate/validation/fidelity.py): a level's metrics from its requests
 (metrics_of), one measurement of a level and a level over its repeats (Measurement, LevelResult),
 and the table of errors against the targets and the engine's own spread (error_table).
 """

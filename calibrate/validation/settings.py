@@ -1,4 +1,4 @@
-"""What a validation run is set up to do (`servecast validate`, calibrate/validate.py): the model,
+"""What a validation run is set up to do (`servecast validate`, calibrate/validation/fidelity.py): the model,
 the requests and the engine's settings (ValidationSetup), the load levels, and the workload of a
 level's requests at a rate (workload_at).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibrate.deployment import deployment_config, engine_deployment
+from calibrate.runs.deployment import deployment_config, engine_deployment
 from simulator.cost.profile_format import Profile
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.requests import LengthPair, Workload, load_length_pairs, make_workload, sample_lengths
@@ -46,7 +46,7 @@ class ValidationSetup:
     # Independent measurements of each level (calibration, replay, simulation); errors are their median.
     repeats: int = 3
     # Time a small fixed piece of work before every engine step and simulate each level at the
-    # machine speed it shows (calibrate/speed_probe.py); off: at the calibration's average speed.
+    # machine speed it shows (calibrate/validation/speed_probe.py); off: at the calibration's average speed.
     speed_probe: bool = True
     levels: dict[str, float] = field(default_factory=lambda: dict(LEVELS))
 
@@ -61,7 +61,7 @@ class ValidationSetup:
 
     def check(self) -> None:
         """Raise ValueError naming the setting and the fix, before anything is profiled or served."""
-        from engine.config import CacheConfig, ModelConfig
+        from engine.policy.config import CacheConfig, ModelConfig
 
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1 (or unset for torch's choice), got {self.threads}")

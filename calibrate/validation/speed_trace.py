@@ -3,7 +3,7 @@
 A shared machine runs the same work several percent faster or slower from one second to the next
 (other tenants, caches, clocks). A fleet simulation for planning has no use for that, but replaying
 a measured run does: `servecast validate` measures the machine's speed alongside the engine
-(calibrate/speed_probe.py) and gives the simulator the same slowdowns at the same times, so what is
+(calibrate/validation/speed_probe.py) and gives the simulator the same slowdowns at the same times, so what is
 left between prediction and measurement is the model's error, not the machine's moods.
 """
 
@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from engine.scheduler import ScheduledChunk
+from engine.policy.scheduler import ScheduledChunk
 from simulator.cost.step_timer import StepTimer
 
 

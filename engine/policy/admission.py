@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 
 
 def checked_sequence(scheduler: Scheduler, vocab_size: int, request_id: str, prompt_token_ids: Seq[int],

@@ -24,7 +24,7 @@ from itertools import islice, repeat
 from collections.abc import Callable, Iterator, Sequence as Seq
 from typing import NamedTuple
 
-from engine.sequence import Sequence
+from engine.policy.sequence import Sequence
 
 NO_PARENT = -1
 new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level constructor

@@ -2,7 +2,7 @@
 
 No torch here: the simulator builds the same SchedulerConfig / CacheConfig and runs the same
 scheduler and block manager as the engine. The config.json itself is read by
-engine/model_description.py (its ARCHITECTURES registry: how to add a family); ModelConfig is the
+engine/policy/model_description.py (its ARCHITECTURES registry: how to add a family); ModelConfig is the
 engine's view of that description.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.dtypes import ENGINE_DTYPES, dtype_bytes
-from engine.model_description import ENGINE_ARCHITECTURES, DecoderShape, ModelDescription, describe
-from engine.model_description import RopeConfig  # re-exported: engine/rope.py and ModelConfig.rope
+from engine.policy.dtypes import ENGINE_DTYPES, dtype_bytes
+from engine.policy.model_description import ENGINE_ARCHITECTURES, DecoderShape, ModelDescription, describe
+from engine.policy.model_description import RopeConfig  # re-exported: engine/rope.py and ModelConfig.rope
 
 SUPPORTED_ARCHITECTURES = ENGINE_ARCHITECTURES  # the registry's families with engine=True
 ROPE_TYPES = ("default", "linear", "llama3")  # engine/rope.py

@@ -2,7 +2,7 @@
 
 `describe(raw)` turns a config.json dict into a ModelDescription: the Llama-family base reading
 (`_llama`) overlaid with what the architecture's reader in ARCHITECTURES adds. The engine's
-ModelConfig (engine/config.py) and the simulator's ModelSpec (simulator/catalog/models.py) are both
+ModelConfig (engine/policy/config.py) and the simulator's ModelSpec (simulator/catalog/models.py) are both
 derived from it, and both get q_size, kv_size and num_parameters from one formula (DecoderShape).
 
 Where config.json is silent and the two consumers have always assumed different things, the

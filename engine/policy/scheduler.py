@@ -17,9 +17,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from engine.block_manager import BlockManager
-from engine.config import CacheConfig, SchedulerConfig
-from engine.sequence import RequestStatus, Sequence
+from engine.policy.block_manager import BlockManager
+from engine.policy.config import CacheConfig, SchedulerConfig
+from engine.policy.sequence import RequestStatus, Sequence
 
 
 new_tuple = tuple.__new__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.dtypes import DTYPE_BYTES
+from engine.policy.dtypes import DTYPE_BYTES
 from simulator.cost.steady_runs import StepParts
 from simulator.cost.step_timer import StepTimer
 

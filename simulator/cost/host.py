@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from engine.decode_groups import padded_decode_batches
+from engine.policy.decode_groups import padded_decode_batches
 from simulator.catalog.models import ModelSpec
 from simulator.cost.moe import step_load
 from simulator.cost.types import Chunk
@@ -16,7 +16,7 @@ FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_pre
                    "layer_per_token_s")
 # A speculative verification step's own overhead (per step and per layer: in situ it follows the
 # draft's forwards, which evict the target's weights from the caches). Fitted only where
-# verification steps were observed (calibrate/spec_steps.py), zero otherwise.
+# verification steps were observed (calibrate/fitting/spec_steps.py), zero otherwise.
 VERIFY_TERMS = ("step_per_verify_s", "layer_per_verify_s")
 # A mixture-of-experts layer's host work beyond its operators (the engine's per-expert loop: Python
 # and dispatch per layer and per expert touched). Fitted only where MoE steps were observed.
@@ -74,7 +74,7 @@ def host_features(chunks: Sequence[Chunk], block_size: int | None) -> tuple[int,
 
 
 def decode_group_count(chunks: Sequence[Chunk], block_size: int | None) -> int:
-    """Attention calls the engine makes for the step's decodes (engine/decode_groups.py)."""
+    """Attention calls the engine makes for the step's decodes (engine/policy/decode_groups.py)."""
     decodes = [c.context_len for c in chunks if c.num_tokens == 1]
     if not decodes:
         return 0

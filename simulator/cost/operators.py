@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES
+from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES
 from simulator.cost.curves import curve_key
 from simulator.cost.efficiency import (decode_attention_work_total, elementwise_work, gemm_work, kv_write_work,
                                        prefill_attention_work)

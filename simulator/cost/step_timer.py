@@ -15,9 +15,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from engine.decode_groups import padded_decode_batches
-from engine.scheduler import ScheduledChunk
-from engine.dtypes import DTYPE_BYTES
+from engine.policy.decode_groups import padded_decode_batches
+from engine.policy.scheduler import ScheduledChunk
+from engine.policy.dtypes import DTYPE_BYTES
 from simulator.catalog.models import ModelSpec
 from simulator.cost.host import SHAPE_CHANGE_TERMS, framework_overhead, moe_host_features
 from simulator.cost.model import CostModel
@@ -50,7 +50,7 @@ class TimeSplit:
 class StepTimer:
     # plan_steady_run times decode steps as step() would: replicas may take them in bulk.
     times_steady_runs: ClassVar[bool] = True
-    # Step times depend on when the step starts: replicas set `now` before each step (speed_trace.py).
+    # Step times depend on when the step starts: replicas set `now` before each step (calibrate/validation/speed_trace.py).
     follows_time: ClassVar[bool] = False
     cost_model: CostModel
     model: ModelSpec
@@ -304,7 +304,7 @@ class StepTimer:
         """The token-proportional, head and host parts of a step whose attention is known."""
         compute_s, comm_s = self.token_ops(tokens)
         head_s = self.head(sampled) if sampled else 0.0
-        if self._operator_scale != 1.0:  # operators in situ vs timed alone (calibrate.fitting.fit_framework)
+        if self._operator_scale != 1.0:  # operators in situ vs timed alone (calibrate.fitting.device.fit_framework)
             scale = self._operator_scale
             compute_s, comm_s, prefill_s, decode_s, head_s = (compute_s * scale, comm_s * scale, prefill_s * scale,
                                                               decode_s * scale, head_s * scale)

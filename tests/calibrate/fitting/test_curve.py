@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from calibrate.fit import Sample, fit_curve
+from calibrate.fitting.curve import Sample, fit_curve
 from simulator.cost.efficiency import EfficiencyCurve
 
 PEAK, BANDWIDTH = 1e11, 5e10

@@ -1,10 +1,10 @@
-"""Fitting a cost model's framework terms on observed steps (calibrate/fitting.py)."""
+"""Fitting a cost model's framework terms on observed steps (calibrate/fitting/device.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibrate.fitting import fit_framework
+from calibrate.fitting.device import fit_framework
 from simulator.catalog import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Profile
@@ -109,7 +109,7 @@ def test_the_framework_fit_learns_an_moe_layers_host_work_only_from_moe_steps() 
 def test_the_fit_beside_a_profile_serves_only_that_profile(tmp_path) -> None:
     """The simulator reads the terms fitted beside a profile file, and only while the file is the one
     they were fitted on; without them it refuses, naming the fix."""
-    from calibrate.fitting import fit_profile, load_cost_model
+    from calibrate.fitting.device import fit_profile, load_cost_model
     from simulator.cost.fitted import FittedTerms
     from simulator.cost.profile_format import Measurement
 

@@ -7,11 +7,11 @@ import json
 
 from typer.testing import CliRunner
 
-import engine.scheduler
-import engine.block_manager
+import engine.policy.scheduler
+import engine.policy.block_manager
 import engine.sampler
 from app.cli import app
-from calibrate.spec_pair import corpus_files, split_corpus
+from calibrate.fitting.spec_pair import corpus_files, split_corpus
 
 runner = CliRunner()
 
@@ -19,7 +19,7 @@ runner = CliRunner()
 def _corpus(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for module in (engine.scheduler, engine.block_manager, engine.sampler):
+    for module in (engine.policy.scheduler, engine.policy.block_manager, engine.sampler):
         (corpus / f"{module.__name__.split('.')[-1]}.py").write_text(inspect.getsource(module))
     return corpus
 

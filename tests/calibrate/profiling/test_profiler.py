@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from calibrate.fitting import fit_framework, load_cost_model
+from calibrate.fitting.device import fit_framework, load_cost_model
 
 import pytest
 
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler
-from engine.config import ModelConfig
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler
+from engine.policy.config import ModelConfig
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
 from simulator.catalog.models import ModelSpec
@@ -79,8 +79,8 @@ def test_cost_model_from_a_cpu_profile(tiny_profile) -> None:
 
 
 def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
-    from calibrate.heldout import cpu_held_out
-    from calibrate.profiler import profile_side_by_side
+    from calibrate.fitting.heldout import cpu_held_out
+    from calibrate.profiling.profiler import profile_side_by_side
 
     other = {**TINY, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 3, "num_key_value_heads": 1,
              "vocab_size": 700}
@@ -172,9 +172,9 @@ def test_quantized_linear_layers_are_profiled_and_read_by_the_cost_model(tmp_pat
     weight-only quantized GEMMs of those shapes."""
     from dataclasses import replace
 
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
     from simulator.cost.model import CostModel
 
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -243,9 +243,9 @@ def test_a_resumed_profile_times_the_quantized_kernels_it_recorded(tmp_path) -> 
     import json
     from dataclasses import replace
 
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
     from engine.linear import Linear
 
     config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
@@ -320,9 +320,9 @@ def test_verification_steps_observed_in_situ_get_their_own_overhead(tiny_profile
 
 def test_each_sample_can_time_calls_back_to_back(monkeypatch) -> None:
     """On CUDA a sample is several queued calls and one sync; the time is per call."""
-    import calibrate.operator_timing as profile_module
-    from calibrate.operator_timing import median_time
-    from calibrate.profile_plan import ProfileGrid
+    import calibrate.profiling.operator_timing as profile_module
+    from calibrate.profiling.operator_timing import median_time
+    from calibrate.profiling.plan import ProfileGrid
 
     clock, syncs = [0.0], []
     monkeypatch.setattr(profile_module.time, "perf_counter", lambda: clock[0])

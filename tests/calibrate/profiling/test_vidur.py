@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.vidur import export_vidur_compute, import_vidur_compute, import_vidur_network
+from calibrate.profiling.vidur import export_vidur_compute, import_vidur_compute, import_vidur_network
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "profiles" / "vidur"
+SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "profiles" / "vidur"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/profiles/vidur is not beside the checkout")
 
 
@@ -46,7 +46,7 @@ def test_bad_vidur_files(tmp_path) -> None:
 
 
 def test_attention_csv_import(tmp_path) -> None:
-    from calibrate.vidur import import_vidur_attention
+    from calibrate.profiling.vidur import import_vidur_attention
 
     stats = ",".join(f"time_stats.{op}.{s}" for op in ("attn_prefill", "attn_decode", "attn_kv_cache_save")
                      for s in ("min", "max", "mean", "median", "std"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.deployment import deployment_config, engine_deployment, parse_deployment
-from engine.config import EngineConfig
+from calibrate.runs.deployment import deployment_config, engine_deployment, parse_deployment
+from engine.policy.config import EngineConfig
 
 
 def test_the_engines_own_deployment_is_a_simconfig_of_its_settings() -> None:

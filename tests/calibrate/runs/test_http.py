@@ -8,11 +8,11 @@ import json
 import pytest
 
 from app.common import dumps
-from calibrate.http_replay import records_frame, replay, server_models
-from calibrate.replay_prompts import text_prompts, token_prompts
-from calibrate.replay_summary import REQUESTS_FILE, SUMMARY_FILE, ReplayInfo, read_replay, summarize
+from calibrate.runs.http import records_frame, replay, server_models
+from calibrate.runs.prompts import text_prompts, token_prompts
+from calibrate.runs.replay_summary import REQUESTS_FILE, SUMMARY_FILE, ReplayInfo, read_replay, summarize
 from simulator.workload.load import load_workload
-from tests.calibrate.fake_openai import MODEL, FakeServer, serving
+from tests.calibrate.runs.fake_openai import MODEL, FakeServer, serving
 
 
 def info(url: str, trace: str, max_concurrency: int | None = None) -> ReplayInfo:

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from app.common import dumps
-from calibrate.deployment import deployment_config
-from calibrate.engine_fit import cross_validate, predict, summary_errors
-from calibrate.real_runs import RunsError
-from calibrate.replay_runs import read_run_sources
-from calibrate.replay_summary import ReplayInfo
+from calibrate.runs.deployment import deployment_config
+from calibrate.fitting.engine_profile import cross_validate, predict, summary_errors
+from calibrate.runs.tables import RunsError
+from calibrate.runs.sources import read_run_sources
+from calibrate.runs.replay_summary import ReplayInfo
 from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.workload.load import load_workload
-from tests.calibrate.test_real_runs import TABLES
+from tests.calibrate.runs.test_tables import TABLES
 
 DEPLOYMENT = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "max_num_seqs": 64, "max_num_batched_tokens": 2048}
 # A server whose requests spend 20 ms outside the engine's steps and whose steps cost 3 ms of host time.

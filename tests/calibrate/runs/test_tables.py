@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.engine_fit import cross_validate, interval_coverage, summary_errors
-from calibrate.real_runs import RunsError, catalog_model, read_runs
-from calibrate.run_replay import Replayed
+from calibrate.fitting.engine_profile import cross_validate, interval_coverage, summary_errors
+from calibrate.runs.tables import RunsError, catalog_model, read_runs
+from calibrate.runs.measured import Replayed
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
 from simulator.workload.load import load_workload
 
-RUNS_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "vllm-runs.md"
+RUNS_FILE = Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "vllm-runs.md"
 
 TABLES = """
 | Workload | Stages (req/s × s) | Nominal requests | System prompts × users | System-prompt tokens | Question tokens | Output tokens (forced) | Observed prompt_len mean (H100 runs) |
@@ -90,13 +90,13 @@ def test_fit_lowers_the_error_and_cross_validates(tmp_path) -> None:
     assert result.profile.request_s > 0 and "h100-sxm" in result.profile.device_scales
     assert interval_coverage(result.leave_one_run_out, "e2e_mean")[1] == 2
     # The fitted profile predicts both runs at least as well as the unfitted one in sample.
-    from calibrate.engine_fit import predict
+    from calibrate.fitting.engine_profile import predict
     before = summary_errors([predict(replace(base, request_s=0.0), r, 0.25) for r in runs])
     assert result.profile.errors["in_sample"]["ttft_mean_mdape"] < before["ttft_mean_mdape"]
 
 
 def test_saturated_runs_are_fitted_on_their_tpot_alone(tmp_path) -> None:
-    from calibrate.engine_fit import SATURATED_FIT_METRICS, fit_engine
+    from calibrate.fitting.engine_profile import SATURATED_FIT_METRICS, fit_engine
     path = tmp_path / "runs.md"
     overloaded = "| c | `Qwen/Qwen2.5-7B-Instruct` | 1 | FP16 | 1024 | 0.9 | chat | 90000 | 95000 | 99000 | 60000 | 70000 | 80000 | 7.0 |\n"
     path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048") + overloaded)
@@ -111,7 +111,7 @@ def test_saturated_runs_are_fitted_on_their_tpot_alone(tmp_path) -> None:
 def test_a_refit_resets_only_what_the_held_out_runs_alone_informed(tmp_path) -> None:
     import numpy as np
 
-    from calibrate.engine_fit import SHARED, SHARED_START, refit_without
+    from calibrate.fitting.engine_profile import SHARED, SHARED_START, refit_without
     path = tmp_path / "runs.md"
     path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048"))
     runs = read_runs(path, hardware="h100-sxm")

@@ -1,4 +1,4 @@
-"""Aggregation of a validation level's repeats (calibrate/validate.py); the end-to-end run is
+"""Aggregation of a validation level's repeats (calibrate/validation/fidelity.py); the end-to-end run is
 tests/app/test_simulate_cli.py's validate test."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from calibrate.validate import measurement_order
-from calibrate.validation_results import LevelResult, Measurement, error_table
+from calibrate.validation.fidelity import measurement_order
+from calibrate.validation.results import LevelResult, Measurement, error_table
 
 
 def _measurement(measured: dict[str, float], predicted: dict[str, float]) -> Measurement:
@@ -59,7 +59,7 @@ def test_one_repeat_has_no_engine_spread() -> None:
 
 def test_calibration_halves_mirror_around_the_level() -> None:
     """Each calibration load is replayed as far before the level as after it."""
-    from calibrate.level_measurement import CALIBRATION_LOADS, calibration_order
+    from calibrate.validation.level_measurement import CALIBRATION_LOADS, calibration_order
 
     before, after = calibration_order(0), calibration_order(1)
     assert sorted(before) == sorted(after) == list(enumerate(CALIBRATION_LOADS))
@@ -72,7 +72,7 @@ def test_calibration_halves_mirror_around_the_level() -> None:
 def test_previous_step_tokens_restart_after_idle() -> None:
     from types import SimpleNamespace
 
-    from calibrate.recorded_steps import RecordedStep, previous_step_tokens
+    from calibrate.validation.recorded_steps import RecordedStep, previous_step_tokens
 
     def step(*tokens: int, idle_s: float = 0.0):
         return RecordedStep([SimpleNamespace(num_tokens=t) for t in tokens], 0.01, idle_s)
@@ -84,8 +84,8 @@ def test_previous_step_tokens_restart_after_idle() -> None:
 def test_burn_in_serves_three_pools_of_blocks_and_leaves_the_engine_idle() -> None:
     """The burn-in takes requests until they need BURN_IN_POOL_TURNS pools of KV blocks (the last
     one crossing the line), serves them all, and records nothing."""
-    from calibrate.level_measurement import BURN_IN_POOL_TURNS, burn_in
-    from calibrate.validation_setup import ValidationSetup
+    from calibrate.validation.level_measurement import BURN_IN_POOL_TURNS, burn_in
+    from calibrate.validation.settings import ValidationSetup
     from engine import LLMEngine
 
     model = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -115,10 +115,10 @@ def test_measurements_go_round_by_round_over_the_levels() -> None:
 def test_recorded_steps_carry_their_probe_and_the_engine_never_sees_it() -> None:
     """With a probe, every recorded step has the probe's time before it; the engine's clock (which
     stamps the requests) stopped for exactly those probes, and the steps sit on that clock."""
-    from calibrate.speed_probe import ProbedClock, SpeedProbe
-    from calibrate.level_measurement import engine_requests
-    from calibrate.recorded_steps import record_steps
-    from calibrate.validation_setup import ValidationSetup, workload_at
+    from calibrate.validation.speed_probe import ProbedClock, SpeedProbe
+    from calibrate.validation.level_measurement import engine_requests
+    from calibrate.validation.recorded_steps import record_steps
+    from calibrate.validation.settings import ValidationSetup, workload_at
     from engine import LLMEngine
     from engine.replay import replay
 
@@ -141,7 +141,7 @@ def test_calibration_steps_are_read_at_the_usual_speed() -> None:
     the host time the simulator adds on its own, which is not scaled)."""
     from types import SimpleNamespace
 
-    from calibrate.recorded_steps import RecordedStep, step_observations
+    from calibrate.validation.recorded_steps import RecordedStep, step_observations
     from simulator.cost.model import CostModel
     from simulator.fleet.sim_config import SimConfig
 

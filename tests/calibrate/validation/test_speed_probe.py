@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-import calibrate.speed_probe as speed_probe
-from calibrate.speed_probe import ProbedClock, SpeedProbe, slowdowns
+import calibrate.validation.speed_probe as speed_probe
+from calibrate.validation.speed_probe import ProbedClock, SpeedProbe, slowdowns
 
 
 def test_the_probed_clock_stops_while_the_probe_runs(monkeypatch) -> None:

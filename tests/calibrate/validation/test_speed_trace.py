@@ -6,7 +6,7 @@ import pytest
 
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
-from simulator.fleet.speed_trace import SpeedTrace, SpeedTracedTimer
+from calibrate.validation.speed_trace import SpeedTrace, SpeedTracedTimer
 from simulator.cost.step_timer import StepTimer
 from simulator.cost.model import CostModel
 from tests.simulator.helpers import workload

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.policy.block_manager import BlockManager
+from engine.policy.sequence import Sequence
 
 
 def admit(bm: BlockManager, s: Sequence) -> int:

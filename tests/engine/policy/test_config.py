@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from engine.config import EngineConfig, ModelConfig
+from engine.policy.config import EngineConfig, ModelConfig
 from engine.rope import inverse_frequencies
 from tests.tiny_models import hf_config, hf_logits, hf_model, random_prompts
 

@@ -1,4 +1,4 @@
-"""The one model description (engine/model_description.py): every family read once, each consumer's
+"""The one model description (engine/policy/model_description.py): every family read once, each consumer's
 defaults where config.json is silent, one parameter count."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from engine.model_description import ARCHITECTURES, ENGINE_ARCHITECTURES, describe
+from engine.policy.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.policy.model_description import ARCHITECTURES, ENGINE_ARCHITECTURES, describe
 from simulator.catalog.models import MODELS_DIR, SUPPORTED, ModelSpec, load_model
 from tests.tiny_models import CONFIGS, hf_config
 
@@ -85,6 +85,6 @@ def test_one_parameter_count_for_both_consumers(model_id) -> None:
 
 
 def test_the_description_and_engine_config_import_no_torch() -> None:
-    code = "import engine.config, engine.model_description, sys; print('torch' in sys.modules)"
+    code = "import engine.policy.config, engine.policy.model_description, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

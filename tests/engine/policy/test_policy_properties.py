@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.config import CacheConfig, SchedulerConfig
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 
 VOCAB = 7
 

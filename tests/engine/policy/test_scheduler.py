@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.config import CacheConfig, SchedulerConfig
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 
 
 def make(budget=16, seqs=8, blocks=64, block_size=4, chunked=True, caching=True, max_len=128, eos=(2,)):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig, LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
 from simulator.fleet import fleet as sim_run
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk
@@ -68,7 +68,7 @@ def test_step_timer_equals_the_cost_models_step_time() -> None:
     spec = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", tp=2).model_spec()
     cost_model = CostModel.load("a100-80gb")
     timer = StepTimer(cost_model, spec, tp=2, dtype="bf16", block_size=16)
-    from engine.scheduler import ScheduledChunk
+    from engine.policy.scheduler import ScheduledChunk
 
     for chunks in ([ScheduledChunk(1, 100, 1, False, True), ScheduledChunk(2, 3000, 1, False, True)],
                    [ScheduledChunk(1, 0, 512, True, True), ScheduledChunk(2, 40, 1, False, True)],
