@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from app.common import fail, progress_bar
-from app.runs_command import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
+from app.measured_runs import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
 
 DEFAULT_OUT = Path("efficiency.json")
 
@@ -44,12 +44,12 @@ def calibrate_command(
     if update_catalog and runs:
         fail("--update-catalog refits the shipped efficiency curves; it does not apply to --runs (use --out)")
     if runs:
-        from app.runs_command import calibrate_runs
+        from app.measured_runs import calibrate_runs
 
         calibrate_runs(runs, out, engine, hardware, max_num_batched_tokens, fit_time_scale, time_scale, evaluations,
                        profile, workers, as_json, refit)
         return
-    from calibrate.fit import PARAMS_OUT, build_params
+    from calibrate.fitting.curve import PARAMS_OUT, build_params
 
     if update_catalog and out is not None:
         fail("give --out FILE or --update-catalog, not both")
@@ -81,7 +81,7 @@ def import_vidur_command(
     hardware: Optional[str] = typer.Option(None, help="catalog id (default: from the Vidur path)"),
 ) -> None:
     """Convert a Vidur profiling CSV into a servecast profile."""
-    from calibrate.vidur import import_vidur_attention, import_vidur_compute, import_vidur_network
+    from calibrate.profiling.vidur import import_vidur_attention, import_vidur_compute, import_vidur_network
     from simulator.catalog.hardware import get_accelerator
 
     try:

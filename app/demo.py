@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from engine.replay import TimedRequest
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 from simulator.catalog.models import model_config_path
 from simulator.workload.requests import BUNDLED_LENGTHS, load_length_pairs, sample_lengths
 

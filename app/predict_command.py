@@ -36,7 +36,7 @@ def predict_command(
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
     from simulator.catalog.models import load_model
-    from calibrate.fitting import load_cost_model
+    from calibrate.fitting.device import load_cost_model
     from simulator.cost.types import Chunk
 
     try:

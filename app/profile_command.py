@@ -15,7 +15,7 @@ from app.common import fail, progress_bar
 def _engine_model_config(model: str):
     """An engine ModelConfig from a catalog id, a config.json path or 'demo'."""
     from app.demo import DEMO_MODEL
-    from engine.config import ModelConfig
+    from engine.policy.config import ModelConfig
     from simulator.catalog.models import model_config_path
 
     if model == "demo":
@@ -50,12 +50,12 @@ def profile_command(
     """Time the engine's operators on this device over a grid and write (or resume) a profile."""
     from dataclasses import replace
 
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
     from engine.engine import resolve_device
     from simulator.catalog.hardware import get_accelerator
-    from engine.config import check_quantization
-    from engine.dtypes import ENGINE_DTYPES
+    from engine.policy.config import check_quantization
+    from engine.policy.dtypes import ENGINE_DTYPES
 
     try:
         config = _engine_model_config(model)

@@ -1,6 +1,6 @@
 """`servecast replay`: a trace replayed against any OpenAI-compatible server, measured as
-`servecast simulate` reports a simulation (calibrate/http_replay.py sends and records,
-calibrate/replay_summary.py summarises)."""
+`servecast simulate` reports a simulation (calibrate/runs/http.py sends and records,
+calibrate/runs/replay_summary.py summarises)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def deployment_of(stated: dict, server: dict | None, model: str) -> dict | None:
     """The replayed server as the simulator sees it: what the server reported (servecast's does),
     overridden by --deployment; the model's catalog id from the served name (or the weights its
     card names) where neither gave one."""
-    from calibrate.http_replay import reported_deployment
-    from calibrate.real_runs import RunsError, catalog_model
+    from calibrate.runs.http import reported_deployment
+    from calibrate.runs.tables import RunsError, catalog_model
 
     deployment = {**reported_deployment(server, model), **stated}
     # vLLM's card names the weights it serves (root) where the served name is an alias.
@@ -71,9 +71,9 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
             deployment: str = "", warmup: int = 0) -> Prepared:
     """Everything that can fail on bad input, before anything is sent: the SLOs, the deployment,
     the URL, the workload, the prompts, and the server (which must answer GET /models)."""
-    from calibrate.deployment import parse_deployment
-    from calibrate.http_replay import base_url, first_model, server_models
-    from calibrate.replay_prompts import load_tokenizer, text_prompts, token_prompts
+    from calibrate.runs.deployment import parse_deployment
+    from calibrate.runs.http import base_url, first_model, server_models
+    from calibrate.runs.prompts import load_tokenizer, text_prompts, token_prompts
     from simulator.fleet.sim_config import check_slos, parse_slos
     from simulator.workload.load import load_workload
 
@@ -160,8 +160,8 @@ def replay_command(
 ) -> None:
     """Replay a trace against an OpenAI-compatible server: TTFT, TPOT, ITL, E2E, throughput and SLOs,
     in the schema of servecast simulate's summary."""
-    from calibrate.http_replay import records_frame, replay
-    from calibrate.replay_summary import REQUESTS_FILE, SUMMARY_FILE, ReplayInfo, summarize
+    from calibrate.runs.http import records_frame, replay
+    from calibrate.runs.replay_summary import REQUESTS_FILE, SUMMARY_FILE, ReplayInfo, summarize
     from simulator.workload.load import portable_spec
 
     if not request_timeout > 0:

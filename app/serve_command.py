@@ -49,7 +49,7 @@ def serve_command(
     from app.serve.engine_process import EngineClient
     from app.serve.metrics import ServerMetrics
     from app.serve.tokenizers import load_tokenizer
-    from calibrate.deployment import engine_deployment
+    from calibrate.runs.deployment import engine_deployment
     from simulator.catalog.hardware import get_accelerator
 
     if max_queued_requests is not None and max_queued_requests < 0:

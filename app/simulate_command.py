@@ -17,7 +17,7 @@ from app.common import console, dumps, fail, progress_bar, validation_message, w
 
 
 def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1):
-    from calibrate.fitting import cost_models_for
+    from calibrate.fitting.device import cost_models_for
     from simulator.fleet.run import simulate
     from simulator.workload.load import load_workload
 
@@ -104,8 +104,8 @@ def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile
                  hardware_file: Path | None, slo: str, engine: str | None, engine_file: Path | None):
     """(config, trace, rate scale) of what a replay folder sent, on the server it ran against;
     ValueError for flags the replay already sets."""
-    from calibrate.replay_runs import replay_config
-    from calibrate.replay_summary import read_replay
+    from calibrate.runs.sources import replay_config
+    from calibrate.runs.replay_summary import read_replay
     # By name: typer carries its own copy of click's ParameterSource.
     given = [name for name in FROM_REPLAY if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
     if given:

@@ -39,7 +39,7 @@ def train_pair_command(
 ) -> None:
     """Train a small byte-level target and a smaller draft on Python source (offline), then
     measure the draft's acceptance on held-out files. Reused once saved."""
-    from calibrate.spec_pair import PairSpec, measure_acceptance, train_pair
+    from calibrate.fitting.spec_pair import PairSpec, measure_acceptance, train_pair
 
     try:
         if target_seconds <= 0 or draft_seconds <= 0:
@@ -77,7 +77,7 @@ def acceptance_command(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Measure the pair's draft acceptance per position on held-out text."""
-    from calibrate.spec_pair import measure_acceptance
+    from calibrate.fitting.spec_pair import measure_acceptance
 
     try:
         if not (pair / "pair.json").exists():

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.common import dumps, fail, progress_bar, wide_console
-from app.runs_command import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
+from app.measured_runs import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
 
 
 def validation_report(path: Path, results, info: dict, table) -> None:
@@ -90,15 +90,15 @@ def validate_command(
     """Replay one workload through the real engine and the simulator at three loads; print the errors.
     With --runs: replay measured serving runs through the simulator instead."""
     if runs:
-        from app.runs_command import validate_runs
+        from app.measured_runs import validate_runs
 
         # A run without an mbt column ran vLLM's online-serving default, 2048 (the campaign's D1 runs).
         validate_runs(runs, engine, engine_file, hardware, 2048, time_scale, as_json, profile)
         return
     from app.demo import DEMO_MODEL
-    from calibrate.validate import run_validation
-    from calibrate.validation_results import error_table
-    from calibrate.validation_setup import ValidationSetup
+    from calibrate.validation.fidelity import run_validation
+    from calibrate.validation.results import error_table
+    from calibrate.validation.settings import ValidationSetup
 
     try:
         if num_requests < 2:

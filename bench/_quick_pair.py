@@ -9,7 +9,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from calibrate.spec_pair import PairSpec, train_pair
+from calibrate.fitting.spec_pair import PairSpec, train_pair
 
 
 def quick_pair(target_seconds: float = 2.0, draft_seconds: float = 1.0) -> Path:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler
 from engine import EngineConfig, LLMEngine, ModelConfig, SamplingParams
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig

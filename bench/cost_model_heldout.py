@@ -20,11 +20,11 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from calibrate.fit import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
-from calibrate.heldout import cpu_held_out, splitwise_check
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler, profile_side_by_side
-from engine.config import ModelConfig
+from calibrate.fitting.curve import HELD_OUT_OPS, fit_gpu_curves, gpu_held_out
+from calibrate.fitting.heldout import cpu_held_out, splitwise_check
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler, profile_side_by_side
+from engine.policy.config import ModelConfig
 
 # Two small Llama-architecture models of different widths, head counts and vocabularies.
 MODEL_A = dict(model_type="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler
 from engine import EngineConfig, LLMEngine, ModelConfig, SamplingParams
-from engine.dtypes import canonical_dtype
+from engine.policy.dtypes import canonical_dtype
 from simulator.catalog.models import model_config_path
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate

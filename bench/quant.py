@@ -32,10 +32,10 @@ import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.weights import read_safetensors_dir
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler
 from simulator.cost.model import CostModel
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig

@@ -8,8 +8,8 @@ same run on this device's profiles (cpu-local; the target's and the draft's) fro
 acceptance. Speedups are relative to gamma = 0 at the same batch size, measured and predicted.
 
 Two predictions: from the operator profiles alone, and calibrated -- each model's framework terms
-fitted (fit_framework, calibrate/fitting.py) on its forwards as recorded in calibration runs at
-other batch sizes (--calibration-batches) on other prompts (calibrate/spec_steps.py), never on the
+fitted (fit_framework, calibrate/fitting/device.py) on its forwards as recorded in calibration runs at
+other batch sizes (--calibration-batches) on other prompts (calibrate/fitting/spec_steps.py), never on the
 runs checked.
 
     servecast train-pair            # once: trains and saves the pair (a few minutes)
@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 from app.spec_pair_command import DEFAULT_PAIR
-from calibrate.fitting import fit_framework
-from calibrate.profile_plan import ProfileGrid
-from calibrate.profiler import Profiler
-from calibrate.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
+from calibrate.fitting.device import fit_framework
+from calibrate.profiling.plan import ProfileGrid
+from calibrate.profiling.profiler import Profiler
+from calibrate.fitting.spec_steps import SpecStepLog, draft_observations, record_spec_steps, target_observations
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.spec_decode import request_acceptance
 from engine.weights import read_safetensors_dir
 from simulator.catalog.models import load_model

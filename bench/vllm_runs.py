@@ -18,8 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from calibrate.engine_fit import MIN_FIT_S, cross_validate, interval_coverage, theta_of
-from calibrate.real_runs import METRICS, read_runs
+from calibrate.fitting.engine_profile import MIN_FIT_S, cross_validate, interval_coverage, theta_of
+from calibrate.runs.tables import METRICS, read_runs
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
 
 

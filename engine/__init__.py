@@ -1,7 +1,8 @@
 """The servecast inference engine.
 
-Policy modules (config, sampling_params, sequence, block_manager, scheduler) import no torch;
-the torch-backed names below load on first use, so `import engine.scheduler` stays light.
+The policy modules (engine/policy/: config, sampling_params, sequence, block_manager, scheduler, ...)
+import no torch; the torch-backed names below load on first use, so `import engine.policy.scheduler`
+stays light.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from engine.sampling_params import SamplingParams
+from engine.policy.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.policy.sampling_params import SamplingParams
 
 _LAZY = {
     "LLMEngine": "engine.engine",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.decode_groups import DECODE_PAD_TOKENS, decode_groups  # noqa: F401  (re-exported)
+from engine.policy.decode_groups import DECODE_PAD_TOKENS, decode_groups  # noqa: F401  (re-exported)
 from engine.kv_cache import KVCache
 
 

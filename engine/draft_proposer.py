@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import CacheConfig, ModelConfig
+from engine.policy.config import CacheConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
 from engine.step_plan import plan_step
 from engine.sampler import probabilities
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledChunk, SchedulerOutput
-from engine.sequence import Sequence
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import ScheduledChunk, SchedulerOutput
+from engine.policy.sequence import Sequence
 
 
 @dataclass

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from engine.admission import checked_sequence
-from engine.config import EngineConfig, ModelConfig
+from engine.policy.admission import checked_sequence
+from engine.policy.config import EngineConfig, ModelConfig
 from engine.model import DecoderModel
 from engine.outputs import RequestOutput
 from engine.runner import TORCH_DTYPES, ModelRunner
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 from engine.draft_proposer import DraftModelProposer
 from engine.ngram_proposer import NgramProposer
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 from engine.spec_decode import SpecStats
 from engine.tp_shard import shard_config
 from engine.tp_workers import TPWorkers, start_ranks
@@ -92,7 +92,7 @@ class LLMEngine:
         self._num_generated = 0
         # What the engine stamps arrivals, tokens and finishes with. A harness that does work of its
         # own between steps and wants it out of the requests' timings swaps in a clock that stops
-        # meanwhile (calibrate/speed_probe.py: ProbedClock).
+        # meanwhile (calibrate/validation/speed_probe.py: ProbedClock).
         self.clock: Callable[[], float] = time.perf_counter
         # Long-lived objects (the model, its parameters, the cache) leave the garbage collector's
         # generations, so its periodic full collections stop scanning them mid-serving (vLLM
@@ -153,7 +153,7 @@ class LLMEngine:
 
     def check_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams) -> Sequence:
         """The request as the engine would hold it, or ValueError naming why it can never be served
-        (engine/admission.py)."""
+        (engine/policy/admission.py)."""
         return checked_sequence(self.scheduler, self.model_config.vocab_size, request_id, prompt_token_ids, params,
                                 self.clock())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import CacheConfig, ModelConfig
+from engine.policy.config import CacheConfig, ModelConfig
 
 
 # Quantized KV: stored values, and the largest magnitude each represents (one scale per token and head).

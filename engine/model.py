@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.linear import Linear
 from engine.mlp import MLP

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.mlp import MLP
 
 if TYPE_CHECKING:

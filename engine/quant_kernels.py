@@ -8,7 +8,7 @@ torch's packed kernels with fp32 activations ran 5-90x slower than with bfloat16
 beat oneDNN at decode sizes but not for a wide layer at 256 rows (bench/linear_backends.py). So
 each layer's kernels are chosen per row bucket by timing the candidates on its shape, once per
 process and shape; the choice travels with the layer (QuantizedWeight.choice) and a profile's
-fingerprint records the choices it timed (calibrate/profile_header.py), so the cost model times
+fingerprint records the choices it timed (calibrate/profiling/header.py), so the cost model times
 what the engine runs. `EngineConfig.quant_kernel` pins one kernel instead.
 """
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import check_quantization
+from engine.policy.config import check_quantization
 from engine.quant_kernels import KERNELS, KernelChoice, choose
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import CacheConfig, ModelConfig
+from engine.policy.config import CacheConfig, ModelConfig
 from engine.context_parallel import CPRank, gather_rows, local_step
 from engine.kv_cache import KVCache
 from engine.model import DecoderModel
 from engine.sampler import sample
 from engine.spec_decode import verify
 from engine.step_plan import StepPlan, plan_step
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from engine.policy.scheduler import SchedulerOutput
+from engine.policy.sequence import Sequence
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

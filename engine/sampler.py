@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],

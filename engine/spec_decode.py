@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.sampler import probabilities
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams, generator: torch.Generator | None,

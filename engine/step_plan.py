@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionMetadata, build_metadata
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from engine.policy.scheduler import SchedulerOutput
+from engine.policy.sequence import Sequence
 
 
 @dataclass

@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 
 
 def check_tensor_parallel(config: ModelConfig, world: int) -> None:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.policy.config import CacheConfig, EngineConfig, ModelConfig
 from engine.context_parallel import CPRank
 from engine.model import DecoderModel
 from engine.runner import TORCH_DTYPES, ModelRunner

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.model import DecoderModel
 
 

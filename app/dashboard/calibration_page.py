@@ -12,7 +12,7 @@ import streamlit as st
 from app.dashboard.tables import readable
 from simulator.catalog.hardware import load_hardware
 from simulator.catalog.models import catalog_model_ids, load_model
-from calibrate.fitting import load_cost_model
+from calibrate.fitting.device import load_cost_model
 from simulator.cost.types import Chunk
 from simulator.cost.profile_format import Profile
 from simulator.cost.shape import ReplicaShape

@@ -116,7 +116,7 @@ def simulate_fleet(fields: dict, workload, trace_key: str):
     from pydantic import ValidationError
 
     from app.common import validation_message
-    from calibrate.fitting import cost_models_for
+    from calibrate.fitting.device import cost_models_for
     from simulator.fleet.run import simulate
     from simulator.fleet.sim_config import SimConfig
 

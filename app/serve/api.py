@@ -25,7 +25,7 @@ from app.serve.generation import Generation
 from app.serve.metrics import ServerMetrics
 from app.serve.protocol import ChatCompletionRequest, CompletionRequest
 from app.serve.tokenizers import Tokenizer
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default; chat fills the context
 
@@ -37,7 +37,7 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     max_queued_requests: int | None = None
-    # The server as the simulator sees it (calibrate/deployment.py), in the model card: servecast
+    # The server as the simulator sees it (calibrate/runs/deployment.py), in the model card: servecast
     # replay records it, so the replay can be simulated.
     deployment: dict | None = None
     created: int = 0

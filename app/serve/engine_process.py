@@ -7,7 +7,7 @@ server from its engine core for the same reason. Commands go down one pipe; each
 (only the new tokens) and load changes come up another, read by one thread of the server that
 sleeps in recv meanwhile.
 
-The server checks requests itself (engine/admission.py) against a copy of the engine's scheduler
+The server checks requests itself (engine/policy/admission.py) against a copy of the engine's scheduler
 that never schedules, so a bad request is refused without a round trip.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.serve.engine_loop import EngineLoop, LoadState
-from engine.admission import checked_sequence
+from engine.policy.admission import checked_sequence
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class ByteTokenizer:
 
 class HFTokenizer:
     def __init__(self, folder: Path) -> None:
-        from calibrate.replay_prompts import load_tokenizer as load_hf
+        from calibrate.runs.prompts import load_tokenizer as load_hf
 
         self._tok = load_hf(folder)
         self.name = str(folder)

@@ -10,7 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.dtypes import canonical_dtype
+from engine.policy.dtypes import canonical_dtype
 
 CATALOG_FILE = Path(__file__).with_name("hardware.yaml")
 

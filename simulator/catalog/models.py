@@ -2,7 +2,7 @@
 HF config.json path. Dense Llama-family models and mixture-of-experts models (Mixtral, Qwen2-MoE,
 Llama 4, DeepSeek-V2: routed experts, optional shared experts, leading dense layers).
 
-config.json is read by engine/model_description.py (torch-free), the one reader the engine shares;
+config.json is read by engine/policy/model_description.py (torch-free), the one reader the engine shares;
 its ARCHITECTURES registry lists the families (how to add one: its docstring), and DeepSeek's
 multi-head latent attention is read there as one KV head pair of half the latent's width shared by
 every query head -- the same KV bytes per token. ModelSpec is the simulator's view of that
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.model_description import ARCHITECTURES, DecoderShape, ModelDescription, describe
+from engine.policy.model_description import ARCHITECTURES, DecoderShape, ModelDescription, describe
 
 MODELS_DIR = Path(__file__).with_name("models")
 SUPPORTED = frozenset(ARCHITECTURES)  # every family the description reads, engine-runnable or not
@@ -93,7 +93,7 @@ class ModelSpec(BaseModel, DecoderShape):
     @classmethod
     def from_description(cls, d: ModelDescription, name: str) -> "ModelSpec":
         """The simulator's view of a model description. Where config.json is silent, the simulator's
-        defaults (they differ from the engine's, engine/config.py): max_position_embeddings 4096;
+        defaults (they differ from the engine's, engine/policy/config.py): max_position_embeddings 4096;
         dtype (torch_dtype read before dtype) bfloat16; head_dim hidden_size // num_heads; and no
         guessed MoE shape: a key the reader had to assume (d.assumed) is an error."""
         if d.assumed:

@@ -27,7 +27,7 @@ communication in the time split.
 
 from __future__ import annotations
 
-from engine.dtypes import DTYPE_BYTES
+from engine.policy.dtypes import DTYPE_BYTES
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.types import CostReader, Prediction, StepCost
 

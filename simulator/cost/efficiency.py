@@ -11,7 +11,7 @@ problem), joined smoothly:
 so achieved efficiency rises in proportion to size for small problems and levels off at ec_max /
 em_max; the sharpness pc, pm sets how abruptly. t never decreases with size, and with ec_max,
 em_max <= 1 it is never below the roofline max(tc, tm) (the cost model also clamps to it).
-Parameters are fitted per operator and per operator family (calibrate/fit.py).
+Parameters are fitted per operator and per operator family (calibrate/fitting/curve.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from engine.dtypes import DTYPE_BYTES
+from engine.policy.dtypes import DTYPE_BYTES
 
 
 @dataclass(frozen=True)

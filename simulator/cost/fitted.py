@@ -1,4 +1,4 @@
-"""The numbers fitted on a device's profile (calibrate/fitting.py fits them): its own efficiency
+"""The numbers fitted on a device's profile (calibrate/fitting/device.py fits them): its own efficiency
 curves and the framework terms. The simulator reads them, handed in or from the file beside the
 profile that names the profile's digest; it never fits. No torch."""
 

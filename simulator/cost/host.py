@@ -13,7 +13,7 @@ FRAMEWORK_TERMS = ("operator_scale", "step_s", "step_per_chunk_s", "step_per_pre
                    "layer_per_token_s")
 # A speculative verification step's own overhead (per step and per layer: in situ it follows the
 # draft's forwards, which evict the target's weights from the caches). Fitted only where
-# verification steps were observed (calibrate/spec_steps.py), zero otherwise.
+# verification steps were observed (calibrate/fitting/spec_steps.py), zero otherwise.
 VERIFY_TERMS = ("step_per_verify_s", "layer_per_verify_s")
 # A mixture-of-experts layer's host work beyond its operators (the engine's per-expert loop: Python
 # and dispatch per layer and per expert touched). Fitted only where MoE steps were observed.

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from simulator.catalog.hardware import Accelerator
 from simulator.catalog.models import ModelSpec
-from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES
+from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES
 
 GB = 1e9
 # Bytes per cached K or V element; int8 / fp8 add an fp32 scale per token and head (head_dim elements).
@@ -56,7 +56,7 @@ class MemoryPlan:
     @property
     def scheduled_block_size(self) -> int:
         """Tokens per block as the block manager counts them: a virtual block of block_size tokens
-        on each context-parallel rank (engine/config.py EngineConfig.scheduled_block_size)."""
+        on each context-parallel rank (engine/policy/config.py EngineConfig.scheduled_block_size)."""
         return self.block_size * self.cp
 
     @property

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from engine.dtypes import canonical_dtype
+from engine.policy.dtypes import canonical_dtype
 from simulator.catalog.engines import EngineProfile
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.cost import operators
@@ -61,10 +61,10 @@ class CostModel:
         for size, bw in reversed(profile.bandwidth_by_size if profile is not None else []):
             best = max(bw, self._bandwidth_envelope[0][1]) if self._bandwidth_envelope else bw
             self._bandwidth_envelope.insert(0, (size, best))
-        # All-reduce model (fitted on measured collectives, calibrate/fit.py); defaults are a guess.
+        # All-reduce model (fitted on measured collectives, calibrate/fitting/curve.py); defaults are a guess.
         self.collective: dict[str, float] = {"base_s": 20e-6, "per_hop_s": 2e-6, "link_efficiency": 0.5}
         self.framework: dict[str, float] = {}  # host.FRAMEWORK_TERMS and others, fitted in calibrate/
-        # A profile of servecast's own engine: its attention pads decodes in groups (engine/decode_groups.py).
+        # A profile of servecast's own engine: its attention pads decodes in groups (engine/policy/decode_groups.py).
         self.pads_decodes = profile is not None and profile.source.startswith("servecast")
         # The serving engine whose additions this model carries (with_engine); None: kernels alone.
         self.engine: EngineProfile | None = None
@@ -78,7 +78,7 @@ class CostModel:
              params_file: str | Path = PARAMS_FILE, fitted: FittedTerms | None = None) -> "CostModel":
         """The cost model of a catalog accelerator, or of a profiled one with the terms fitted on its
         profile: `fitted` as given, else the fit file beside the profile (FittedTerms.beside). A
-        profile without either is refused: calibrate.fitting.load_cost_model fits one."""
+        profile without either is refused: calibrate.fitting.device.load_cost_model fits one."""
         model = cls.unfitted(hardware, profile, hardware_file, params_file)
         if model.profile is not None:
             fitted = fitted if fitted is not None else FittedTerms.beside(profile)

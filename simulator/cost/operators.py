@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES
+from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES
 from simulator.cost.curves import curve_key
 from simulator.cost.efficiency import (decode_attention_work_total, elementwise_work, gemm_work, kv_write_work,
                                        prefill_attention_work)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.dtypes import canonical_dtype
+from engine.policy.dtypes import canonical_dtype
 from simulator.cost import operators
 from simulator.cost.host import framework_overhead, shape_change_features
 from simulator.cost.types import CostReader, Prediction

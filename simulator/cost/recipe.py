@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from engine.dtypes import DTYPE_BYTES, WEIGHT_BYTES, canonical_dtype
+from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES, canonical_dtype
 from simulator.catalog.models import ModelSpec
 
 

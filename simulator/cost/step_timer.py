@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import ClassVar
 
-from engine.decode_groups import padded_decode_batches
-from engine.dtypes import DTYPE_BYTES
-from engine.scheduler import ScheduledChunk
+from engine.policy.decode_groups import padded_decode_batches
+from engine.policy.dtypes import DTYPE_BYTES
+from engine.policy.scheduler import ScheduledChunk
 from simulator.cost.context_parallel import ContextParallel
 from simulator.cost.host import SHAPE_CHANGE_TERMS, framework_overhead, moe_host_features
 from simulator.cost.moe import step_load
@@ -47,7 +47,7 @@ def _timed(source, size, count: float, name: str, ledger: StepCost | None) -> fl
 class StepTimer:
     # plan_steady_run times decode steps as step() would: replicas may take them in bulk.
     times_steady_runs: ClassVar[bool] = True
-    # Step times depend on when the step starts: replicas set `now` before each step (speed_trace.py).
+    # Step times depend on when the step starts: replicas set `now` before each step (calibrate/validation/speed_trace.py).
     follows_time: ClassVar[bool] = False
 
     def __init__(self, cost_model: CostReader, shape: ReplicaShape) -> None:

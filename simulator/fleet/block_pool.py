@@ -1,4 +1,4 @@
-"""The simulator's KV block pool: the engine's BlockManager (engine/block_manager.py), whose
+"""The simulator's KV block pool: the engine's BlockManager (engine/policy/block_manager.py), whose
 decisions it makes, given block keys instead of tokens to hash. Plain Python, no torch.
 
 Exact keys: each sequence (a KeyedSequence) brings its blocks' keys in Sequence.block_hashes, filled
@@ -27,8 +27,8 @@ from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass
 from itertools import repeat
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.policy.block_manager import BlockManager
+from engine.policy.sequence import Sequence
 
 
 @dataclass(slots=True, eq=False)

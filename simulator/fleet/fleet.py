@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.scheduler import Scheduler
+from engine.policy.config import CacheConfig, SchedulerConfig
+from engine.policy.scheduler import Scheduler
 from simulator.catalog.models import ModelSpec
 from simulator.cost.memory import GB, MemoryPlan
 from simulator.cost.model import CostModel

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from engine.sequence import Sequence
+from engine.policy.sequence import Sequence
 
 PERCENTILES = (50, 90, 95, 99)
 ITL_BINS_PER_DECADE = 400

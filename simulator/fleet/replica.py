@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler, SchedulerOutput
 from simulator.fleet import steady_decode
 from simulator.fleet.block_pool import KeyedSequence
 from simulator.fleet.tiered_pool import TieredBlockPool
 from simulator.workload.block_keys import BlockKeys
-from engine.sequence import Sequence
+from engine.policy.sequence import Sequence
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.speculation import Speculation
 from simulator.cost.step_timer import StepTimer
@@ -67,7 +67,7 @@ class ArrivalsAnyTime:
 
 @dataclass
 class _VirtualEngine:
-    scheduler: object  # engine.scheduler.Scheduler or StaticBatchScheduler
+    scheduler: object  # engine.policy.scheduler.Scheduler or StaticBatchScheduler
     wakeup: simpy.Event | None = None
     outstanding_tokens: int = 0
     sequences: dict = field(default_factory=dict)

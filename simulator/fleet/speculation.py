@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.scheduler import ScheduledChunk, SchedulerOutput
+from engine.policy.scheduler import ScheduledChunk, SchedulerOutput
 
 
 def acceptance_profile(rate: float | None = None, path: str | None = None, gamma: int = 8) -> list[float]:

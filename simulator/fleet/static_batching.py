@@ -4,7 +4,7 @@ A batch of up to max_num_seqs waiting requests is admitted only when the previou
 completely finished. Every prompt is padded to the batch's longest and prefilled in one step;
 then the batch decodes in lockstep until its longest output is done: requests that finish early
 keep their slot (their rows are padding the step still computes), and KV space is reserved up
-front for the padded prompt plus the longest output. Same interface as engine.scheduler.Scheduler
+front for the padded prompt plus the longest output. Same interface as engine.policy.scheduler.Scheduler
 (add / schedule / update / has_unfinished), so a replica runs either.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from engine.block_manager import BlockManager
-from engine.config import CacheConfig, SchedulerConfig
-from engine.scheduler import FinishedRequest, ScheduledChunk, SchedulerOutput
-from engine.sequence import RequestStatus, Sequence
+from engine.policy.block_manager import BlockManager
+from engine.policy.config import CacheConfig, SchedulerConfig
+from engine.policy.scheduler import FinishedRequest, ScheduledChunk, SchedulerOutput
+from engine.policy.sequence import RequestStatus, Sequence
 
 PADDING = None  # request id of a padding row
 

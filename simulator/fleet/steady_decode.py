@@ -21,8 +21,8 @@ tests/simulator/test_steady_decode.py checks that runs with and without it agree
 
 from __future__ import annotations
 
-from engine.scheduler import FinishedRequest, Scheduler
-from engine.sequence import RequestStatus
+from engine.policy.scheduler import FinishedRequest, Scheduler
+from engine.policy.sequence import RequestStatus
 
 
 def steady_steps(scheduler: Scheduler, limit: int) -> tuple[int, int]:

@@ -225,7 +225,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         stopped_early=stopped_early or None)
 
 
-# Summary figure -> the real-run metric whose residuals give its interval (calibrate/real_runs.py METRICS).
+# Summary figure -> the real-run metric whose residuals give its interval (calibrate/runs/tables.py METRICS).
 INTERVAL_METRICS = {("ttft_s", "mean"): "ttft_mean", ("ttft_s", "p90"): "ttft_p90", ("ttft_s", "p99"): "ttft_p99",
                     ("tpot_s", "mean"): "tpot", ("e2e_s", "mean"): "e2e_mean", ("e2e_s", "p90"): "e2e_p90",
                     ("e2e_s", "p99"): "e2e_p99"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import calibrate.fit as fit
+import calibrate.fitting.curve as fit
 from app.cli import app
 from simulator.cost.efficiency import EfficiencyCurve
 

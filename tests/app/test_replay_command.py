@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from calibrate.replay_summary import read_replay
-from tests.calibrate.fake_openai import MODEL, FakeServer, serving
+from calibrate.runs.replay_summary import read_replay
+from tests.calibrate.runs.fake_openai import MODEL, FakeServer, serving
 
 runner = CliRunner()
 TRACE = "synthetic:num=6,input=uniform(10,30),output=uniform(2,5),rate=50"

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from app.cli import app
 from simulator.catalog.engines import load_engine
-from tests.calibrate.test_real_runs import TABLES
+from tests.calibrate.runs.test_tables import TABLES
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def test_simulate_refuses_an_unknown_engine() -> None:
 
 
 def test_calibrate_and_validate_take_replay_folders(tmp_path) -> None:
-    from tests.calibrate.test_replay_runs import simulated_replay, trace_at
+    from tests.calibrate.runs.test_sources import simulated_replay, trace_at
 
     for rate in (5, 20, 40):
         simulated_replay(tmp_path / "replays" / f"rate{rate}", trace_at(rate, num=30))
@@ -87,7 +87,7 @@ def test_calibrate_and_validate_take_replay_folders(tmp_path) -> None:
 
 
 def test_simulate_replays_what_a_replay_sent(tmp_path) -> None:
-    from tests.calibrate.test_replay_runs import TRUTH, simulated_replay, trace_at
+    from tests.calibrate.runs.test_sources import TRUTH, simulated_replay, trace_at
 
     folder = simulated_replay(tmp_path / "r", trace_at(10, num=20))
     engine = tmp_path / "truth.json"

@@ -71,9 +71,9 @@ def test_simulate_bad_input_exits_2_with_one_line(args, message) -> None:
 
 def test_validate_runs_engine_and_simulator_at_three_loads(tmp_path) -> None:
     """Tiny model and workload (the figures themselves come from `servecast validate` on defaults)."""
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
 
     config = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)

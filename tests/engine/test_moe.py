@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.config import ModelConfig
+from engine.policy.config import ModelConfig
 from engine.mlp import MLP
 from engine.moe import SparseMoE
 from tests.device import engine_config

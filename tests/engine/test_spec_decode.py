@@ -10,11 +10,11 @@ from scipy.stats import chisquare
 
 import engine.runner as runner_module
 from engine import LLMEngine
-from engine.config import CacheConfig, SchedulerConfig
+from engine.policy.config import CacheConfig, SchedulerConfig
 from engine.ngram_proposer import NgramProposer
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
+from engine.policy.sequence import Sequence
 from engine.spec_decode import SpecStats, verify
 from tests.device import engine_config
 

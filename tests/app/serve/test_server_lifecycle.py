@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.serve.tokenizers import ByteTokenizer
-from calibrate.deployment import deployment_config
+from calibrate.runs.deployment import deployment_config
 from tests.app.serve.helpers import free_port, running_server, wait_for
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.scheduler import ScheduledChunk
+from engine.policy.scheduler import ScheduledChunk
 from simulator.catalog.models import load_model
 from simulator.cost.context_parallel import ContextParallel
 from simulator.cost.model import CostModel

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from calibrate.fitting import load_cost_model
+from calibrate.fitting.device import load_cost_model
 from simulator.catalog.models import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.profile_format import Measurement, Profile

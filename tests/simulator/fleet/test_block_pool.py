@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from tests.engine.block_helpers import admit
+from engine.policy.block_manager import BlockManager
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.sequence import Sequence
+from tests.engine.policy.block_helpers import admit
 from simulator.fleet.block_pool import ExactKeyBlockPool, KeyedSequence
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 from engine import EngineConfig, LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.scheduler import Scheduler
 from simulator.fleet import fleet as sim_run
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.policy.sampling_params import SamplingParams
+from engine.policy.sequence import Sequence
 from simulator.fleet.metrics import Recorder
 
 

@@ -168,7 +168,7 @@ def test_a_million_requests_worth_of_memory_is_only_metric_rows() -> None:
     """Finished requests leave only their row: no Sequence survives the simulation."""
     import gc
 
-    from engine.sequence import Sequence
+    from engine.policy.sequence import Sequence
 
     simulate(SimConfig(**SMALL), load_workload("synthetic:num=500,input=100,output=20,rate=100"))
     gc.collect()
@@ -188,7 +188,7 @@ def test_a_finished_run_leaves_its_block_pools_to_reference_counting() -> None:
     once instead of waiting, in a cycle with the SimPy environment, for the collector to walk them."""
     import gc
 
-    from engine.block_manager import BlockManager
+    from engine.policy.block_manager import BlockManager
 
     config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=3)
     gc.collect()

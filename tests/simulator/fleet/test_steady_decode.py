@@ -3,7 +3,7 @@ scheduling decisions equal those of stepping the scheduler one step at a time.""
 
 from __future__ import annotations
 
-from calibrate.fitting import load_cost_model
+from calibrate.fitting.device.device.device.device import load_cost_model
 
 import pandas as pd
 import pytest
@@ -42,9 +42,9 @@ def _profiled_config(folder) -> SimConfig:
     """A tiny model profiled on this CPU as cpu-local, whose decodes pad in groups as the engine's do."""
     import json
 
-    from calibrate.profile_plan import ProfileGrid
-    from calibrate.profiler import Profiler
-    from engine.config import ModelConfig
+    from calibrate.profiling.plan import ProfileGrid
+    from calibrate.profiling.profiler import Profiler
+    from engine.policy.config import ModelConfig
 
     model = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
@@ -81,9 +81,9 @@ def test_bulk_decode_runs_equal_step_by_step_when_requests_fill_identical_blocks
 def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:
     """A steady run is timed as far as the next arrival, then further as asked: its end times are
     those of one step() after another, to the bit, however it is asked for them."""
-    from engine.sampling_params import SamplingParams
-    from engine.scheduler import ScheduledChunk
-    from engine.sequence import Sequence
+    from engine.policy.sampling_params import SamplingParams
+    from engine.policy.scheduler import ScheduledChunk
+    from engine.policy.sequence import Sequence
     from simulator.catalog.models import load_model
     from simulator.cost.model import CostModel
     from simulator.cost.shape import ReplicaShape

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.policy.sampling_params import SamplingParams
 from simulator.fleet.block_pool import KeyedSequence
 from simulator.fleet.tiered_pool import ARRIVED_BLOCK, HOST_BLOCK, TieredBlockPool
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
-from tests.engine.block_helpers import admit
+from tests.engine.policy.block_helpers import admit
 
 
 def keyed(rid: str, keys: list[int], extra_tokens: int = 1) -> KeyedSequence:
