@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from calibrate.fitting.device.device.device.device.device import fit_framework, load_cost_model
+from calibrate.fitting.device import fit_framework, load_cost_model
 
 import pytest
 
@@ -97,7 +97,7 @@ def test_the_explained_step_pads_decodes_as_the_simulated_step(tiny_profile) -> 
 
 
 def test_side_by_side_profiles_feed_the_held_out_check(tmp_path) -> None:
-    from calibrate.fitting.device.device.device.device.heldout import cpu_held_out
+    from calibrate.fitting.heldout import cpu_held_out
     from calibrate.profiling.profiler import profile_side_by_side
 
     other = {**TINY, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 3, "num_key_value_heads": 1,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from calibrate.fitting.device.device import load_cost_model
+from calibrate.fitting.device import load_cost_model
 from simulator.catalog import get_accelerator, load_hardware, load_model
 from simulator.cost.model import CostModel
 from simulator.cost.types import Chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.fitting.device.device import load_cost_model
+from calibrate.fitting.device import load_cost_model
 from simulator.catalog import load_model
 from simulator.cost.model import CostModel
 from simulator.cost.recipe import StepRecipe

@@ -3,7 +3,7 @@ scheduling decisions equal those of stepping the scheduler one step at a time.""
 
 from __future__ import annotations
 
-from calibrate.fitting.device.device.device.device import load_cost_model
+from calibrate.fitting.device import load_cost_model
 
 import pandas as pd
 import pytest
