@@ -15,10 +15,10 @@ prefix_cache_hit_rate is the share of prompt tokens the server reported cached
 null unless every finished request reported it. ITL is over the gaps between the streamed chunks of
 finished requests, exact (the simulator bins its gaps: within 0.3 %).
 
-The summary adds a "replay" section (ReplaySection): ReplayInfo (what was replayed where) and two checks on the
-client, send_delay_s (send - scheduled arrival: the wait for a concurrency slot, or the client
-falling behind) and short_outputs (finished requests with fewer tokens than the trace asked for: a
-server that ignored min_tokens / ignore_eos).
+The summary adds a "replay" section (ReplaySection): ReplayInfo (what was replayed where) and two
+checks on the client, send_delay_s (send - scheduled arrival: the wait for a concurrency slot, or
+the client falling behind) and short_outputs (finished requests with fewer tokens than the trace
+asked for: a server that ignored min_tokens / ignore_eos).
 
 A replay folder holds REQUESTS_FILE (the frame) and SUMMARY_FILE; read_replay reads one back, its
 summary as a ReplaySummary again.
