@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from simulator.fleet.summary_parts import Part
+
 console = Console(stderr=True)
 
 
@@ -30,8 +32,11 @@ def validation_message(exc: ValidationError) -> str:
 
 
 def jsonable(value):
-    """Summary values as valid JSON: NaN / inf become null, numpy scalars plain numbers."""
-    if isinstance(value, Mapping):  # a dict, or a typed summary read as its JSON
+    """Summary values as valid JSON: a typed summary (or a section of one) as its to_dict(), NaN /
+    inf as null, numpy scalars as plain numbers. The one place a summary's NaN becomes null."""
+    if isinstance(value, Part):
+        value = value.to_dict()
+    if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
@@ -42,7 +47,7 @@ def jsonable(value):
     return value
 
 
-def dumps(summary: dict) -> str:
+def dumps(summary) -> str:
     return json.dumps(jsonable(summary), indent=2, allow_nan=False)
 
 

@@ -1,7 +1,7 @@
 """`servecast compare`: the errors between two run summaries (a simulation and a replay, two
 replays, ...), metric by metric: A, B and the relative error (A - B) / B.
 
-Both sides are summary JSON in the one schema (DESIGN.md "Summary JSON"; `servecast simulate` and
+Both sides are summary JSON in the one schema (docs/summary.md; `servecast simulate` and
 `servecast replay` write it). A metric missing or null on either side is shown as missing, not an
 error; its relative error is null then, and where B is 0.
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -12,7 +11,7 @@ import typer
 from rich.table import Table
 
 from app import engine_flags as flags
-from app.common import fail, progress_bar, wide_console
+from app.common import dumps, fail, progress_bar, wide_console
 
 
 def parse_rate(text: str) -> float:
@@ -85,13 +84,13 @@ def generate_command(
         summary["engine"]["routing_skew"] = round(fit_routing_skew(per_expert), 3)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "summary.json").write_text(dumps(summary))
         with (out / "requests.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(dumps(summary))
         return
     print_report(rows, summary)
 
@@ -102,7 +101,7 @@ def print_report(rows: list[dict], summary: dict) -> None:
     for column in ("request", "arrival s", "prompt tok", "output tok", "queue ms", "TTFT ms", "TPOT ms",
                    "E2E s", "preempted", "cached tok"):
         table.add_column(column, justify="right")
-    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
+    ms = lambda v: "-" if v is None or math.isnan(v) else f"{v * 1e3:.1f}"  # noqa: E731
     for r in rows:
         table.add_row(r["request_id"], f"{r['arrival_s']:.3f}", str(r["prompt_tokens"]), str(r["output_tokens"]),
                       ms(r["queue_s"]), ms(r["ttft_s"]), ms(r["tpot_s"]), f"{r['e2e_s']:.3f}",

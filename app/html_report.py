@@ -60,16 +60,16 @@ def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def time_split_figure(summary: dict) -> go.Figure:
+def time_split_figure(summary) -> go.Figure:
     """Where the fleet's time went: busy time by phase (summed over replicas), and queueing."""
-    split = summary["time_split_s"]
-    parts = {"prefill": split["prefill"], "decode": split["decode"], "communication": split["communication"],
-             "host overhead": split["overhead"]}
+    split = summary.time_split_s
+    parts = {"prefill": split.prefill, "decode": split.decode, "communication": split.communication,
+             "host overhead": split.overhead}
     fig = make_subplots(rows=1, cols=2, specs=[[{"type": "domain"}, {"type": "xy"}]],
                         subplot_titles=["busy time by phase", "mean latency by part (s)"])
     fig.add_trace(go.Pie(labels=list(parts), values=list(parts.values()), hole=0.4, name="busy time",
                          hovertemplate="%{label}: %{value:,.2f} s busy (%{percent})<extra></extra>"), row=1, col=1)
-    queue, ttft, e2e = summary["queue_s"]["mean"], summary["ttft_s"]["mean"], summary["e2e_s"]["mean"]
+    queue, ttft, e2e = summary.queue_s.mean, summary.ttft_s.mean, summary.e2e_s.mean
     latency = {"queueing": queue, "prefill (TTFT - queueing)": ttft - queue, "decode (E2E - TTFT)": e2e - ttft}
     fig.add_trace(go.Bar(x=list(latency), y=list(latency.values()), showlegend=False, name="mean latency",
                          hovertemplate="%{x}: %{y:,.3f} s of the mean latency<extra></extra>"), row=1, col=2)
@@ -89,13 +89,12 @@ def ttft_vs_prompt(requests: pd.DataFrame) -> go.Figure:
 def intervals_figure(summary) -> go.Figure | None:
     """The predicted latency figures with their 80 % intervals as error bars (the engine profile's
     cross-validated errors on real runs); None without intervals."""
-    intervals = summary.get("intervals") or {}
-    if not intervals:
+    if not summary.intervals:
         return None
     names, values, low, high = [], [], [], []
-    for key, (lo, hi) in intervals.items():
+    for key, (lo, hi) in summary.intervals.items():
         name, stat = key.split(".")
-        value = summary[name][stat]
+        value = getattr(getattr(summary, name), stat)
         names.append(f"{name.removesuffix('_s').upper()} {stat}")
         values.append(value * 1e3)
         low.append(max(0.0, value - lo) * 1e3)
@@ -104,7 +103,7 @@ def intervals_figure(summary) -> go.Figure | None:
                            name="predicted", customdata=[[v - lo_, v + hi_] for v, lo_, hi_ in zip(values, low, high)],
                            hovertemplate="%{x}: %{y:,.1f} ms predicted<br>80 % interval %{customdata[0]:,.1f}-"
                                          "%{customdata[1]:,.1f} ms<extra></extra>"))
-    engine = summary["cost_model"].get("engine") or ""
+    engine = summary.cost_model.engine or ""
     fig.update_layout(title=f"Predicted latencies with 80 % intervals ({engine}, from its cross-validated "
                             "errors on real runs)", yaxis_title="ms", yaxis_type="log", height=380)
     return fig
@@ -124,11 +123,11 @@ def write_report(path: Path, title: str, summary: dict, figures: list[go.Figure]
 
 def simulation_report(path: Path, result) -> None:
     s = result.summary
-    title = (f"servecast simulate: {s['model']} on {s['replicas']} x {s['hardware']} ({labels.parallelism(s)}, "
-             f"{s['quant']})")
+    title = (f"servecast simulate: {s.model} on {s.replicas} x {s.hardware} ({labels.parallelism(s)}, "
+             f"{s.quant})")
     figures = [latency_cdfs(result.requests), intervals_figure(s), time_split_figure(s),
                timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
-    notes = " ".join(filter(None, [labels.cache_words(s), labels.pool_words(s) if s["disaggregation"] is not None
+    notes = " ".join(filter(None, [labels.cache_words(s), labels.pool_words(s) if s.disaggregation is not None
                                    else None, labels.context_parallel_words(s)]))
     write_report(path, title, s.to_dict(), [f for f in figures if f is not None], notes)
 

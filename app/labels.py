@@ -58,41 +58,41 @@ def text(field: str, raw) -> str:
 
 def parallelism(summary) -> str:
     """A simulated replica's parallelism: 'tp=2, pp=1', with ', cp=4' under context parallelism."""
-    return f"tp={summary['tp']}, pp={summary['pp']}" + (f", cp={summary['cp']}" if summary.get("cp", 1) > 1 else "")
+    return f"tp={summary.tp}, pp={summary.pp}" + (f", cp={summary.cp}" if summary.cp > 1 else "")
 
 
 def context_parallel_words(summary) -> str | None:
     """Context parallelism in words (None without it): the ranks, the KV tokens they hold, and the
     step time their communication (ring attention's exposed wait, decode gathers) took."""
-    if summary.get("cp", 1) <= 1:
+    if summary.cp <= 1:
         return None
-    split = summary["time_split_s"]
-    share = split["communication"] / split["step_time_total"] if split["step_time_total"] else 0.0
-    return (f"Context parallelism: {summary['cp']} ranks of TP {summary['tp']} per replica hold "
-            f"{summary['memory']['kv_tokens']:,} KV tokens; communication (ring attention's exposed wait, the decode "
-            f"queries' gathers) took {split['communication']:,.2f} s, {share:.1%} of step time.")
+    split = summary.time_split_s
+    share = split.communication / split.step_time_total if split.step_time_total else 0.0
+    return (f"Context parallelism: {summary.cp} ranks of TP {summary.tp} per replica hold "
+            f"{summary.memory.kv_tokens:,} KV tokens; communication (ring attention's exposed wait, the decode "
+            f"queries' gathers) took {split.communication:,.2f} s, {share:.1%} of step time.")
 
 
 def cache_words(summary) -> str:
     """The prefix cache in words: its hits, and what a CPU KV tier served and cost."""
-    words = f"Prefix cache: {summary['prefix_cache_hit_rate']:.1%} of prompt tokens were hits"
-    tier = summary["kv_offload"]
+    words = f"Prefix cache: {summary.prefix_cache_hit_rate:.1%} of prompt tokens were hits"
+    tier = summary.kv_offload
     if tier is not None:
-        words += (f", {tier['hit_rate']:.1%} of prompt tokens from the {tier['capacity_gb']:g} GB CPU KV tier per "
-                  f"replica ({tier['loaded_gb']:,.1f} GB loaded over PCIe in {tier['load_s']:,.2f} s of step time, "
-                  f"{tier['offloaded_blocks']:,} blocks offloaded)")
+        words += (f", {tier.hit_rate:.1%} of prompt tokens from the {tier.capacity_gb:g} GB CPU KV tier per "
+                  f"replica ({tier.loaded_gb:,.1f} GB loaded over PCIe in {tier.load_s:,.2f} s of step time, "
+                  f"{tier.offloaded_blocks:,} blocks offloaded)")
     return words + "."
 
 
 def pool_words(summary) -> str:
     """A disaggregated fleet's pools and KV transfers in words."""
-    d = summary["disaggregation"]
-    pools = "; ".join(f"{name} pool {p['replicas']} x {p['hardware']} ({p['quant']}, TP {p['tp']}"
-                      + (f", CP {p['cp']}" if p.get("cp", 1) > 1 else "") + f") busy {p['busy_fraction']:.0%}"
-                      for name, p in (("prefill", d["prefill"]), ("decode", d["decode"])))
-    t = d["transfer"]
-    moved = (f"{t['count']:,} KV transfers at {t['link_gbps']:g} GB/s: {t['mean_s'] * 1e3:,.1f} ms on average "
-             f"({t['p99_s'] * 1e3:,.1f} ms p99), {t['wait_mean_s'] * 1e3:,.2f} ms waiting for the link"
-             if t["count"] else "no KV transfers (every request ended at its prefill)")
+    d = summary.disaggregation
+    pools = "; ".join(f"{name} pool {p.replicas} x {p.hardware} ({p.quant}, TP {p.tp}"
+                      + (f", CP {p.cp}" if p.cp > 1 else "") + f") busy {p.busy_fraction:.0%}"
+                      for name, p in (("prefill", d.prefill), ("decode", d.decode)))
+    t = d.transfer
+    moved = (f"{t.count:,} KV transfers at {t.link_gbps:g} GB/s: {t.mean_s * 1e3:,.1f} ms on average "
+             f"({t.p99_s * 1e3:,.1f} ms p99), {t.wait_mean_s * 1e3:,.2f} ms waiting for the link"
+             if t.count else "no KV transfers (every request ended at its prefill)")
     return f"Disaggregated: {pools}; {moved}."
 

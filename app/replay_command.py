@@ -103,30 +103,30 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
                     vocab_size, slos, deployment_of(stated, server, model))
 
 
-def print_summary(summary: dict) -> None:
+def print_summary(summary) -> None:
     out = wide_console(100)
     ms = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f}"  # noqa: E731
-    info = summary["replay"]
-    table = Table(title=f"{info['model']} at {info['url']}")
+    info = summary.replay
+    table = Table(title=f"{info.model} at {info.url}")
     for column in ("latency (ms)", "mean", "p50", "p90", "p95", "p99"):
         table.add_column(column, justify="right")
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        table.add_row(name, *(ms(summary[key][k]) for k in ("mean", "p50", "p90", "p95", "p99")))
+    for d, name in ((summary.ttft_s, "TTFT"), (summary.tpot_s, "TPOT"), (summary.itl_s, "ITL"), (summary.e2e_s, "E2E")):
+        table.add_row(name, *(ms(v) for v in (d.mean, d.p50, d.p90, d.p95, d.p99)))
     out.print(table)
-    t = summary["throughput"]
-    out.print(f"{summary['num_finished']}/{summary['num_requests']} requests finished "
-              f"({summary['num_rejected']} failed) in {summary['duration_s']:.1f} s: {t['requests_per_s']:.2f} req/s, "
-              f"{t['output_tokens_per_s']:,.0f} output tok/s, {t['total_tokens_per_s']:,.0f} total tok/s")
-    delay = info["send_delay_s"]
-    out.print(f"sent after their arrival by {ms(delay['mean'])} ms on average, {ms(delay['p99'])} ms at p99"
-              + (f"; {info['short_outputs']} finished short of the trace's output length" if info["short_outputs"] else ""))
-    slo = summary["slo"]
-    if slo["targets"]:
-        verdict = ", ".join(f"{k} {ms(slo['measured'][k])} ms {'<=' if slo['met'][k] else '>'} {ms(v)} ms"
-                            for k, v in slo["targets"].items())
-        out.print(f"SLOs {'met' if slo['all_met'] else 'NOT met'}: {verdict}; {slo['requests_within_slo']:.1%} of "
-                  f"requests within all; goodput {summary['goodput']['requests_per_s']:.2f} req/s")
-    for reason, count in list(summary["rejections"].items())[:3]:
+    t = summary.throughput
+    out.print(f"{summary.num_finished}/{summary.num_requests} requests finished "
+              f"({summary.num_rejected} failed) in {summary.duration_s:.1f} s: {t.requests_per_s:.2f} req/s, "
+              f"{t.output_tokens_per_s:,.0f} output tok/s, {t.total_tokens_per_s:,.0f} total tok/s")
+    delay = info.send_delay_s
+    out.print(f"sent after their arrival by {ms(delay.mean)} ms on average, {ms(delay.p99)} ms at p99"
+              + (f"; {info.short_outputs} finished short of the trace's output length" if info.short_outputs else ""))
+    slo = summary.slo
+    if slo.targets:
+        verdict = ", ".join(f"{k} {ms(slo.measured[k])} ms {'<=' if slo.met[k] else '>'} {ms(v)} ms"
+                            for k, v in slo.targets.items())
+        out.print(f"SLOs {'met' if slo.all_met else 'NOT met'}: {verdict}; {slo.requests_within_slo:.1%} of "
+                  f"requests within all; goodput {summary.goodput.requests_per_s:.2f} req/s")
+    for reason, count in list(summary.rejections.items())[:3]:
         out.print(f"failed {count}: {reason}")
 
 

@@ -1,20 +1,15 @@
-"""Per-request rows and the summary of a set of engine outputs (DESIGN.md summary JSON names)."""
+"""Per-request rows and the summary of a set of engine outputs (docs/summary.md names): the
+figures a simulation's summary has too (simulator.fleet.metrics served), and the engine's own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+import pandas as pd
 
 from engine.outputs import RequestOutput
-
-
-def distribution(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {k: None for k in ("mean", "p50", "p90", "p95", "p99")}
-    arr = np.asarray(values, dtype=float)
-    return {"mean": float(arr.mean()), **{f"p{q}": float(np.percentile(arr, q)) for q in (50, 90, 95, 99)}}
+from simulator.fleet.metrics import TokenGaps, served
 
 
 def request_rows(outputs: Sequence[RequestOutput]) -> list[dict[str, Any]]:
@@ -35,25 +30,21 @@ def request_rows(outputs: Sequence[RequestOutput]) -> list[dict[str, Any]]:
 
 
 def summarize(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
-    start = min(o.arrival_time for o in outputs)
-    end = max(o.finish_time for o in outputs if o.finish_time is not None)
-    duration = end - start
-    out_tokens = sum(len(o.output_token_ids) for o in outputs)
-    total_tokens = out_tokens + sum(len(o.prompt_token_ids) for o in outputs)
-    itl = [b - a for o in outputs for a, b in zip(o.token_times, o.token_times[1:])]
+    """The outputs' summary: their per-request figures as a simulation's, ITL over the tokens' exact
+    gaps; an empty distribution's figures are NaN (null in JSON: app.common.dumps)."""
+    frame = pd.DataFrame({
+        "status": "finished", "reason": "", "arrival_s": [o.arrival_time for o in outputs],
+        "finish_s": pd.Series([o.finish_time for o in outputs], dtype=float),
+        "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
+        "output_tokens": [len(o.output_token_ids) for o in outputs],
+        **{key: pd.Series([getattr(o, key) for o in outputs], dtype=float)
+           for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}})
+    figures = served(frame, {}, TokenGaps(o.token_times for o in outputs))
     return {
-        "num_requests": len(outputs),
-        "duration_s": duration,
-        "throughput": {
-            "requests_per_s": len(outputs) / duration,
-            "output_tokens_per_s": out_tokens / duration,
-            "total_tokens_per_s": total_tokens / duration,
-        },
-        "ttft_s": distribution([o.ttft_s for o in outputs if o.ttft_s is not None]),
-        "tpot_s": distribution([o.tpot_s for o in outputs if o.tpot_s is not None]),
-        "itl_s": distribution(itl),
-        "e2e_s": distribution([o.e2e_s for o in outputs if o.e2e_s is not None]),
-        "queue_s": distribution([o.queue_s for o in outputs if o.queue_s is not None]),
+        "num_requests": figures.num_requests,
+        "duration_s": figures.duration_s,
+        "throughput": figures.throughput.to_dict(),
+        **{key: getattr(figures, key).to_dict() for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s")},
         "preemptions": sum(o.num_preemptions for o in outputs),
         "cached_prompt_tokens": sum(o.num_cached_prompt_tokens for o in outputs),
     }

@@ -45,49 +45,47 @@ def write_outputs(out: Path, result) -> None:
     simulation_report(out / "report.html", result)
 
 
-def print_summary(summary: dict) -> None:
+def print_summary(summary) -> None:
     out = wide_console(100)
     ms = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f}"  # noqa: E731
-    table = Table(title=f"{summary['model']} on {summary['replicas']} x {summary['hardware']} "
-                        f"({labels.parallelism(summary)}, {summary['quant']}, {summary['scheduler']} batching)")
+    table = Table(title=f"{summary.model} on {summary.replicas} x {summary.hardware} "
+                        f"({labels.parallelism(summary)}, {summary.quant}, {summary.scheduler} batching)")
     for column in ("latency (ms)", "mean", "p50", "p90", "p95", "p99"):
         table.add_column(column, justify="right")
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
-                      ("queue_s", "queueing")):
-        d = summary[key]
-        table.add_row(name, *(ms(d[k]) for k in ("mean", "p50", "p90", "p95", "p99")))
+    for d, name in ((summary.ttft_s, "TTFT"), (summary.tpot_s, "TPOT"), (summary.itl_s, "ITL"),
+                    (summary.e2e_s, "E2E"), (summary.queue_s, "queueing")):
+        table.add_row(name, *(ms(v) for v in (d.mean, d.p50, d.p90, d.p95, d.p99)))
     out.print(table)
-    intervals = summary.get("intervals") or {}
-    if intervals:
-        out.print("80 % intervals (" + (summary["cost_model"].get("engine") or "") + ", from its cross-validated "
+    if summary.intervals:
+        out.print("80 % intervals (" + (summary.cost_model.engine or "") + ", from its cross-validated "
                   "errors on real runs): " + ", ".join(
-                      f"{k.replace('_s.', ' ')} {ms(lo)}-{ms(hi)} ms" for k, (lo, hi) in intervals.items()))
-    t, c, u = summary["throughput"], summary["cost"], summary["utilization"]
-    out.print(f"{summary['num_finished']}/{summary['num_requests']} requests finished "
-              f"({summary['num_rejected']} rejected) in {summary['duration_s']:.1f} simulated s: "
-              f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} output tok/s, "
-              f"{t['total_tokens_per_s']:,.0f} total tok/s")
-    out.print(f"KV cache: mean {summary['kv_utilization']['mean']:.0%}, max {summary['kv_utilization']['max']:.0%} | "
-              f"preemptions {summary['preemptions']} | prefix-cache hit rate {summary['prefix_cache_hit_rate']:.1%} | "
-              f"MFU {u['mfu']:.1%}, MBU {u['mbu']:.1%}, busy {u['busy_fraction']:.0%}")
-    if summary["kv_offload"] is not None:
+                      f"{k.replace('_s.', ' ')} {ms(lo)}-{ms(hi)} ms" for k, (lo, hi) in summary.intervals.items()))
+    t, c, u = summary.throughput, summary.cost, summary.utilization
+    out.print(f"{summary.num_finished}/{summary.num_requests} requests finished "
+              f"({summary.num_rejected} rejected) in {summary.duration_s:.1f} simulated s: "
+              f"{t.requests_per_s:.2f} req/s, {t.output_tokens_per_s:,.0f} output tok/s, "
+              f"{t.total_tokens_per_s:,.0f} total tok/s")
+    out.print(f"KV cache: mean {summary.kv_utilization.mean:.0%}, max {summary.kv_utilization.max:.0%} | "
+              f"preemptions {summary.preemptions} | prefix-cache hit rate {summary.prefix_cache_hit_rate:.1%} | "
+              f"MFU {u.mfu:.1%}, MBU {u.mbu:.1%}, busy {u.busy_fraction:.0%}")
+    if summary.kv_offload is not None:
         out.print(labels.cache_words(summary))
-    if summary["disaggregation"] is not None:
+    if summary.disaggregation is not None:
         out.print(labels.pool_words(summary))
     if labels.context_parallel_words(summary):
         out.print(labels.context_parallel_words(summary))
-    if c["usd_per_hour"] is not None:
-        per_m = c["usd_per_million_output_tokens"]
-        out.print(f"cost: ${c['usd_per_hour']:.2f}/hour, {c['gpu_hours']:.2f} GPU-hours, "
+    if c.usd_per_hour is not None:
+        per_m = c.usd_per_million_output_tokens
+        out.print(f"cost: ${c.usd_per_hour:.2f}/hour, {c.gpu_hours:.2f} GPU-hours, "
                   f"${per_m:.3f} per million output tokens" if per_m is not None else "")
-    slo = summary["slo"]
-    if slo["targets"]:
-        verdict = ", ".join(f"{k} {ms(slo['measured'][k])} ms {'<=' if slo['met'][k] else '>'} "
-                            f"{ms(v)} ms" for k, v in slo["targets"].items())
-        out.print(f"SLOs {'met' if slo['all_met'] else 'NOT met'}: {verdict}; "
-                  f"{slo['requests_within_slo']:.1%} of requests within all; goodput "
-                  f"{summary['goodput']['requests_per_s']:.2f} req/s")
-    for reason, count in list(summary["rejections"].items())[:3]:
+    slo = summary.slo
+    if slo.targets:
+        verdict = ", ".join(f"{k} {ms(slo.measured[k])} ms {'<=' if slo.met[k] else '>'} "
+                            f"{ms(v)} ms" for k, v in slo.targets.items())
+        out.print(f"SLOs {'met' if slo.all_met else 'NOT met'}: {verdict}; "
+                  f"{slo.requests_within_slo:.1%} of requests within all; goodput "
+                  f"{summary.goodput.requests_per_s:.2f} req/s")
+    for reason, count in list(summary.rejections.items())[:3]:
         out.print(f"rejected {count}: {reason}")
 
 
@@ -112,7 +110,7 @@ def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile
         raise ValueError(f"--replay takes the trace and the server from {folder}: drop "
                          + ", ".join(f"--{name.replace('_', '-')}" for name in given))
     replayed = read_replay(folder)
-    targets = replayed.summary.get("slo", {}).get("targets") or {}
+    targets = replayed.summary.slo.targets if replayed.summary.slo is not None else {}
     # --hardware and --profile, where given, stand in for the recorded ones: the replay on another device.
     optional = {"engine_file": engine_file, "hardware_file": hardware_file, "hardware": hardware, "profile": profile}
     config = replay_config(replayed, slo=slo or targets, engine=engine,

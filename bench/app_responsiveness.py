@@ -47,7 +47,7 @@ def main() -> None:
         print(f"what-if: {args.requests:,} requests (bundled ShareGPT lengths at 40 req/s) on 8 x h100-sxm, "
               f"{processes} process{'es' if processes > 1 else ''}: trace {loaded:.2f} s + simulation "
               f"{simulated:.2f} s = {loaded + simulated:.2f} s ({args.requests / simulated:,.0f} simulated "
-              f"requests/s; TTFT p99 {result.summary['ttft_s']['p99']:.3f} s)")
+              f"requests/s; TTFT p99 {result.summary.ttft_s.p99:.3f} s)")
     # The same question on shorter prompts: the simulator's cost follows the KV blocks it manages.
     conv = args.shared / "traces" / "splitwise_conv.csv"
     if conv.is_file():

@@ -64,7 +64,7 @@ def predicted_ttft(model_path: Path, profile: Path, cp: int, prompt: int) -> flo
                        block_size=e.block_size, num_gpu_blocks=e.num_blocks, max_num_batched_tokens=BUDGET,
                        max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs)
     workload = make_workload("bench", [(0.0, prompt, 1, ())])
-    return simulate(config, workload).summary["ttft_s"]["mean"]  # a lone request: scheduled on arrival
+    return simulate(config, workload).summary.ttft_s.mean  # a lone request: scheduled on arrival
 
 
 def main() -> None:

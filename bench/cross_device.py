@@ -32,7 +32,7 @@ SPEC = "synthetic:num=10,input=137,output=256,rate=inf"
 def predicted(hardware: str, engine: str) -> tuple[float, float]:
     config = SimConfig(model="llama-3.1-8b", hardware=hardware, tp=1, max_model_len=2048, engine=engine)
     summary = simulate(config, load_workload(SPEC, seed=0)).summary
-    return summary["tpot_s"]["p50"] * 1e3, summary["ttft_s"]["mean"] * 1e3
+    return summary.tpot_s.p50 * 1e3, summary.ttft_s.mean * 1e3
 
 
 def main() -> None:

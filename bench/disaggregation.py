@@ -37,7 +37,7 @@ def meets(config: SimConfig, rate: float, requests: int, output: int = 64) -> bo
     if output == 1:  # a prefill-only fleet: TTFT's SLO alone (one token has no TPOT)
         config = config.model_copy(update={"slo": {"ttft_p90": SLO["ttft_p90"]}})
     summary = simulate(config, workload).summary
-    return bool(summary["slo"]["all_met"]) and summary["num_rejected"] == 0
+    return bool(summary.slo.all_met) and summary.num_rejected == 0
 
 
 def goodput(config: SimConfig, requests: int, output: int = 64, low: float = 0.25, high: float = 64.0) -> float:

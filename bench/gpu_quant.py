@@ -69,7 +69,7 @@ def predicted_tokens_per_s(model: str, hardware: str, profile: str, costs: CostM
                        kv_dtype=kv or "auto", num_gpu_blocks=1024, max_num_batched_tokens=2048, max_num_seqs=64,
                        max_model_len=512, enable_prefix_caching=False)
     workload = make_workload("bench", [(0.0, prompt, output, ()) for _ in range(batch)])
-    return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
+    return simulate(config, workload, cost_model=costs).summary.throughput.output_tokens_per_s
 
 
 def main() -> None:

@@ -112,7 +112,7 @@ def check(shared: Path, benchmark: str, per_replica: int) -> None:
                                    max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=max_model_len,
                                    engine=engine)
                 result = simulate(config, WORKLOADS[benchmark](per_replica))
-                cache[key] = result.summary["throughput"]["output_tokens_per_s"]
+                cache[key] = result.summary.throughput.output_tokens_per_s
         predicted, vllm = (cache[(hardware, tp, e)] * replicas for e in ("servecast", "vllm-v0.15"))
         published = float(row["tokens_per_s"])
         errors.append(predicted / published - 1)

@@ -73,7 +73,7 @@ def predicted_tokens_per_s(pair: Path, costs: CostModel, profile: Path, quantiza
                        num_gpu_blocks=2048, max_num_batched_tokens=64, max_num_seqs=64, max_model_len=512,
                        enable_prefix_caching=False)
     workload = make_workload("bench", [(0.0, 96, output, ()) for _ in range(batch)])
-    return simulate(config, workload, cost_model=costs).summary["throughput"]["output_tokens_per_s"]
+    return simulate(config, workload, cost_model=costs).summary.throughput.output_tokens_per_s
 
 
 # The 34.5M-parameter model of bench/engine_throughput.py (its defaults).

@@ -62,15 +62,15 @@ def main() -> None:
         seconds, n, summary = timed(config, conv, limit=trace_limit, bulk_decodes=bulk)
         print(f"   bulk decode runs {'on ' if bulk else 'off'}: {n} requests in {seconds:.1f} s = {n / seconds:,.0f} "
               f"requests/s ({n / seconds / VIDUR_REQUESTS_PER_S:.1f}x Vidur's ~260/s); "
-              f"{summary['time_split_s']['steps']:,} steps, TTFT p50 {summary['ttft_s']['p50']:.3f} s")
+              f"{summary.time_split_s.steps:,} steps, TTFT p50 {summary.ttft_s.p50:.3f} s")
 
     print(f"\n2. {SYNTHETIC.format(num=args.requests)} over 16 x h100-sxm (llama-3.1-8b)")
     fleet = SimConfig(model="llama-3.1-8b", hardware="h100-sxm", replicas=16, router="least_outstanding_tokens")
     for num in (args.requests // 4, args.requests):
         seconds, n, summary = timed(fleet, SYNTHETIC.format(num=num))
         print(f"   {n:>9,} requests: {seconds:6.1f} s = {n / seconds:,.0f} requests/s; peak RSS so far "
-              f"{peak_rss_mb():,.0f} MB; TTFT p50 {summary['ttft_s']['p50']:.3f} s, "
-              f"{summary['throughput']['output_tokens_per_s']:,.0f} output tok/s")
+              f"{peak_rss_mb():,.0f} MB; TTFT p50 {summary.ttft_s.p50:.3f} s, "
+              f"{summary.throughput.output_tokens_per_s:,.0f} output tok/s")
 
 
 if __name__ == "__main__":

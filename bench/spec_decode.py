@@ -108,7 +108,7 @@ def predicted(pair: Path, profile: Path, draft_profile: Path, batch: int, gamma:
                            quant="fp32", num_gpu_blocks=BLOCKS, max_num_batched_tokens=BUDGET, max_num_seqs=64,
                            max_model_len=PROMPT + OUTPUT + 16, seed=seed, **spec)
         result = simulate(config, workload, cost_model=target_costs, draft_cost_model=draft_costs)
-        rates.append(result.summary["throughput"]["output_tokens_per_s"])
+        rates.append(result.summary.throughput.output_tokens_per_s)
     return statistics.mean(rates)
 
 

@@ -55,7 +55,7 @@ def predicted_rate(model_path: Path, profile: Path, tp: int, batch: int) -> floa
     config = SimConfig(model=str(model_path), hardware="cpu-local", profile=str(profile), tp=tp, quant="fp32",
                        num_gpu_blocks=BLOCKS, max_num_batched_tokens=BUDGET, max_model_len=PROMPT + OUTPUT + 16)
     workload = make_workload("bench", [(0.0, PROMPT, OUTPUT, ()) for _ in range(batch)])
-    return simulate(config, workload).summary["throughput"]["output_tokens_per_s"]
+    return simulate(config, workload).summary.throughput.output_tokens_per_s
 
 
 def main() -> None:

@@ -31,18 +31,18 @@ def main() -> None:
         return
     rows = []
     for group, key, label, scale, fmt in METRICS:  # the figures in their units, as text: a dash where none
-        values = {f"Fleet {name}": r.summary[group][key] for name, r in results.items()}
+        values = {f"Fleet {name}": getattr(getattr(r.summary, group), key) for name, r in results.items()}
         rows.append({"Figure": label,
                      **{n: MISSING if v is None else fmt.format(v * scale) for n, v in values.items()}})
     rows.append({"Figure": "Prefix-cache hits (% of prompt tokens)",
-                 **{f"Fleet {n}": f"{r.summary['prefix_cache_hit_rate']:.1%}" for n, r in results.items()}})
+                 **{f"Fleet {n}": f"{r.summary.prefix_cache_hit_rate:.1%}" for n, r in results.items()}})
     rows.append({"Figure": "... of them from the CPU KV tier",
-                 **{f"Fleet {n}": MISSING if r.summary["kv_offload"] is None else
-                    f"{r.summary['kv_offload']['hit_rate']:.1%}" for n, r in results.items()}})
+                 **{f"Fleet {n}": MISSING if r.summary.kv_offload is None else
+                    f"{r.summary.kv_offload.hit_rate:.1%}" for n, r in results.items()}})
     rows.append({"Figure": "Context parallelism (ranks per replica)",
-                 **{f"Fleet {n}": f"{r.summary['cp']:d}" for n, r in results.items()}})
+                 **{f"Fleet {n}": f"{r.summary.cp:d}" for n, r in results.items()}})
     rows.append({"Figure": "KV tokens per replica",
-                 **{f"Fleet {n}": f"{r.summary['memory']['kv_tokens']:,}" for n, r in results.items()}})
+                 **{f"Fleet {n}": f"{r.summary.memory.kv_tokens:,}" for n, r in results.items()}})
     table = pd.DataFrame(rows)
     st.dataframe(table, hide_index=True)
     fig = go.Figure()
@@ -50,7 +50,7 @@ def main() -> None:
         finished = r.requests[r.requests["status"] == "finished"]
         values = finished["e2e_s"].sort_values().to_numpy()
         fig.add_trace(go.Scatter(x=values, y=[(i + 1) / len(values) for i in range(len(values))], mode="lines",
-                                 name=f"{name}: {r.summary['replicas']} x {r.summary['hardware']}",
+                                 name=f"{name}: {r.summary.replicas} x {r.summary.hardware}",
                                  hovertemplate="%{fullData.name}: %{y:.1%} of requests within %{x:,.2f} s"
                                                "<extra></extra>"))
     fig.update_layout(title="E2E latency CDF", xaxis_title="seconds", yaxis_title="fraction of requests", height=360)

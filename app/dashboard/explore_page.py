@@ -20,14 +20,14 @@ def main() -> None:
         return
     s = result.summary
     c1, c2, c3, c4, c5 = st.columns(5)
-    c1.metric("output tokens/s", f"{s['throughput']['output_tokens_per_s']:,.0f}")
-    c2.metric("TTFT p99", f"{s['ttft_s']['p99'] * 1e3:,.0f} ms")
-    c3.metric("TPOT p99", f"{s['tpot_s']['p99'] * 1e3:,.1f} ms")
-    c4.metric("E2E p99", f"{s['e2e_s']['p99']:,.2f} s")
-    cost = s["cost"]["usd_per_million_output_tokens"]
+    c1.metric("output tokens/s", f"{s.throughput.output_tokens_per_s:,.0f}")
+    c2.metric("TTFT p99", f"{s.ttft_s.p99 * 1e3:,.0f} ms")
+    c3.metric("TPOT p99", f"{s.tpot_s.p99 * 1e3:,.1f} ms")
+    c4.metric("E2E p99", f"{s.e2e_s.p99:,.2f} s")
+    cost = s.cost.usd_per_million_output_tokens
     c5.metric("$ / M output tokens", "-" if cost is None else f"${cost:,.2f}")
     st.caption(labels.cache_words(s))
-    if s["disaggregation"] is not None:
+    if s.disaggregation is not None:
         st.caption(labels.pool_words(s))
     if labels.context_parallel_words(s):
         st.caption(labels.context_parallel_words(s))

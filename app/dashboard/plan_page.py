@@ -33,13 +33,14 @@ def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: t
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def fleet_summary(model: str, trace_key: str, _workload, slo: tuple, candidate: tuple, replicas: int,
-                  rate_scale: float) -> dict:
+                  rate_scale: float):
     """The summary of one planned fleet, simulated as the planner simulated it (its probe traffic,
-    its config): the same latencies as its plan row, with the engine profile's 80 % intervals."""
+    its config): the same latencies as its plan row, with the engine profile's 80 % intervals. A
+    RunSummary (st.cache_data keeps it pickled)."""
     from simulator.fleet.run import simulate
 
     spec = PlanSpec(model, _workload, dict(slo))
-    return simulate(spec.config(Candidate(**dict(candidate)), replicas), spec.probe(rate_scale)).summary.to_dict()
+    return simulate(spec.config(Candidate(**dict(candidate)), replicas), spec.probe(rate_scale)).summary
 
 
 def markdown_text(text: str) -> str:
@@ -154,7 +155,7 @@ def recommended(best: dict, ask: tuple, growth: float) -> None:
     candidate = tuple((k, best[k]) for k in Candidate.__dataclass_fields__)
     with st.spinner("simulating the recommended fleet for its intervals"):
         summary = fleet_summary(model, trace_key, workload, slo, candidate, best["replicas"], growth)
-    intervals = summary.get("intervals") or {}
+    intervals = summary.intervals
     tables.show(pd.DataFrame(plan_words.slo_rows(best, dict(slo))))
     if intervals:
         slow = best.get("replicas_slow_end")

@@ -67,6 +67,6 @@ def replay(run: MeasuredRun, cost_model: CostModel, time_scale: float = 1.0,
     config = config or run.sim_config()
     summary = simulate(config, run.workload(time_scale), cost_model=cost_model).summary
     predicted = run.figures(summary)
-    if summary["num_finished"] < summary["num_requests"]:  # requests that could never run: it did not keep up
+    if summary.num_finished < summary.num_requests:  # requests that could never run: it did not keep up
         predicted = {k: (math.inf if k.startswith("ttft") else v) for k, v in predicted.items()}
     return Replayed(run, predicted)

@@ -1,45 +1,47 @@
 """A replay's figures in the simulator's summary schema, and the replay folder read back.
 
-summarize() gives RunSummary's keys in their order (simulator/fleet/summary.py; DESIGN.md "Summary
-JSON"), so `servecast compare` reads a simulation and a replay key by key, with the simulator's own
-figures (simulator.fleet.metrics distribution and slo_attainment) computed from the requests frame
-alone (calibrate/runs/http.py records_frame): a frame read back gives the same summary. Failed
+summarize() gives a ReplaySummary: a RunSummary (simulator/fleet/summary.py; docs/summary.md), so
+`servecast compare` reads a simulation and a replay key by key, its per-request figures the
+simulator's own (simulator.fleet.metrics served) computed from the requests frame alone
+(calibrate/runs/http.py records_frame): a frame read back gives the same summary. Failed
 requests count as the simulator's rejected ones (num_rejected, rejections by error).
 
-What a client cannot observe is null: hardware and parallelism, quant and dtypes, scheduler and
-router, queue_s (no first-scheduled time), kv_utilization, preemptions, utilization, time_split_s,
-memory, cost, cost_model and speculation; intervals is empty (nothing is predicted).
+What a client cannot observe is None (UNOBSERVED): hardware and parallelism, quant and dtypes,
+scheduler and router, queue_s (no first-scheduled time), kv_utilization, preemptions, utilization,
+time_split_s, memory, cost, cost_model, speculation, kv_offload and disaggregation; intervals is
+empty (nothing is predicted).
 prefix_cache_hit_rate is the share of prompt tokens the server reported cached
 (usage.prompt_tokens_details.cached_tokens, which vLLM sends with --enable-prompt-tokens-details),
 null unless every finished request reported it. ITL is over the gaps between the streamed chunks of
 finished requests, exact (the simulator bins its gaps: within 0.3 %).
 
-The summary adds a "replay" section: ReplayInfo (what was replayed where) and two checks on the
-client, send_delay_s (send - scheduled arrival: the wait for a concurrency slot, or the client
-falling behind) and short_outputs (finished requests with fewer tokens than the trace asked for: a
-server that ignored min_tokens / ignore_eos).
+The summary adds a "replay" section (ReplaySection): ReplayInfo (what was replayed where) and two
+checks on the client, send_delay_s (send - scheduled arrival: the wait for a concurrency slot, or
+the client falling behind) and short_outputs (finished requests with fewer tokens than the trace
+asked for: a server that ignored min_tokens / ignore_eos).
 
-A replay folder holds REQUESTS_FILE (the frame) and SUMMARY_FILE; read_replay reads one back.
+A replay folder holds REQUESTS_FILE (the frame) and SUMMARY_FILE; read_replay reads one back, its
+summary as a ReplaySummary again.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections import Counter
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from simulator.fleet.metrics import PERCENTILES, distribution, slo_attainment
-from simulator.fleet.summary import Goodput, RunSummary, Throughput
+from simulator.fleet.metrics import TokenGaps, distribution, served
+from simulator.fleet.summary import Distribution, RunSummary
+from simulator.fleet.summary_parts import Part
 
 REQUESTS_FILE = "requests.parquet"
 SUMMARY_FILE = "summary.json"
-# The simulator's summary keys, in order (stopped_early appears only when a simulation stopped early).
-SUMMARY_KEYS = tuple(f.name for f in fields(RunSummary) if f.init and f.name != "stopped_early")
+# RunSummary's fields a client cannot observe: None in a replay's summary.
+UNOBSERVED = ("hardware", "tp", "pp", "cp", "replicas", "quant", "compute_dtype", "kv_dtype", "scheduler", "router",
+              "queue_s", "kv_utilization", "preemptions", "utilization", "time_split_s", "cost", "memory",
+              "cost_model", "speculation", "kv_offload", "disaggregation")
 
 
 @dataclass(frozen=True)
@@ -69,52 +71,42 @@ class ReplayInfo:
         return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
 
 
-class ChunkGaps:
-    """The gaps between consecutive streamed chunks of every finished request, read as
-    slo_attainment reads the simulator's ITL histogram (itl_mean, itl_percentile)."""
+@dataclass(frozen=True)
+class ReplaySection(ReplayInfo, Part):
+    """The summary's "replay" section: ReplayInfo's fields, then the client's two checks."""
 
-    def __init__(self, finished: pd.DataFrame) -> None:
-        per_request = [np.diff(np.asarray(t, dtype=float)) for t in finished["token_times_s"]]
-        self.gaps = np.concatenate(per_request) if per_request else np.empty(0)
+    send_delay_s: Distribution | None = field(default=None, kw_only=True)  # send - scheduled arrival
+    short_outputs: int | None = field(default=None, kw_only=True)  # finished with fewer tokens than asked
 
-    def itl_mean(self) -> float:
-        return float(self.gaps.mean()) if len(self.gaps) else math.nan
+    @classmethod
+    def from_dict(cls, section: dict) -> "ReplaySection":
+        info = ReplayInfo.from_dict(section)
+        delay = section.get("send_delay_s")
+        return cls(**{f.name: getattr(info, f.name) for f in fields(ReplayInfo)},
+                   send_delay_s=Distribution.from_dict(delay) if isinstance(delay, dict) else None,
+                   short_outputs=section.get("short_outputs"))
 
-    def itl_percentile(self, q: float) -> float:
-        return float(np.percentile(self.gaps, q)) if len(self.gaps) else math.nan
+
+@dataclass(frozen=True)
+class ReplaySummary(RunSummary):
+    """A replay's summary: a RunSummary (UNOBSERVED None) and its "replay" section, last."""
+
+    replay: ReplaySection = field(default=None, kw_only=True)
 
 
-def summarize(requests: pd.DataFrame, slos: dict[str, float], info: ReplayInfo) -> dict:
-    """The replay's summary (see the module docstring): figures as simulator/fleet/summary.py
-    computes them, over the same span (first arrival to last finish)."""
-    finished = requests[requests["status"] == "finished"]
-    failed = requests[requests["status"] != "finished"]
-    start = float(requests["arrival_s"].min())
-    end = float(finished["finish_s"].max()) if len(finished) else start
-    duration = max(end - start, 1e-12)
-    output_tokens = int(finished["output_tokens"].sum())
-    prompt_tokens = int(finished["prompt_tokens"].sum())
-    gaps = ChunkGaps(finished)
-    slo = slo_attainment(requests, slos, gaps)
-    within = slo.pop("within_slo_mask")
+def summarize(requests: pd.DataFrame, slos: dict[str, float], info: ReplayInfo) -> ReplaySummary:
+    """The replay's summary (see the module docstring): the per-request figures as a simulation's
+    (simulator.fleet.metrics served), ITL over the streamed chunks' exact gaps."""
+    figures = served(requests, slos, TokenGaps(requests.loc[requests["status"] == "finished", "token_times_s"]))
+    finished, prompt_tokens = figures.finished, figures.prompt_tokens
     cached = finished["cached_prompt_tokens"]
-    summary = dict.fromkeys(SUMMARY_KEYS)
-    summary.update(
-        model=info.model, num_requests=int(len(requests)), num_finished=int(len(finished)),
-        num_rejected=int(len(failed)), rejections=dict(Counter(failed["reason"])), duration_s=duration,
-        throughput=Throughput(len(finished) / duration, output_tokens / duration,
-                              (output_tokens + prompt_tokens) / duration).to_dict(),
-        goodput=Goodput(float(within.sum()) / duration,
-                        float(finished.loc[within[within].index, "output_tokens"].sum()) / duration).to_dict(),
-        ttft_s=distribution(finished["ttft_s"]), tpot_s=distribution(finished["tpot_s"]),
-        itl_s={"mean": gaps.itl_mean(), **{f"p{p}": gaps.itl_percentile(p) for p in PERCENTILES}},
-        e2e_s=distribution(finished["e2e_s"]), slo=slo,
+    section = ReplaySection(**{f.name: getattr(info, f.name) for f in fields(ReplayInfo)},
+                            send_delay_s=distribution(requests["send_s"] - requests["arrival_s"]),
+                            short_outputs=int((finished["output_tokens"] < finished["requested_output_tokens"]).sum()))
+    return ReplaySummary(
+        model=info.model, **{**figures.summary_fields(), **dict.fromkeys(UNOBSERVED)},
         prefix_cache_hit_rate=float(cached.sum() / prompt_tokens) if prompt_tokens and cached.notna().all() else None,
-        intervals={})
-    summary["replay"] = {**asdict(info),
-                         "send_delay_s": distribution(requests["send_s"] - requests["arrival_s"]),
-                         "short_outputs": int((finished["output_tokens"] < finished["requested_output_tokens"]).sum())}
-    return summary
+        intervals={}, replay=section)
 
 
 @dataclass(frozen=True)
@@ -123,7 +115,7 @@ class ReplayRun:
 
     folder: Path
     info: ReplayInfo
-    summary: dict
+    summary: ReplaySummary
     requests: pd.DataFrame
 
 
@@ -144,4 +136,4 @@ def read_replay(folder: str | Path) -> ReplayRun:
         info = ReplayInfo.from_dict(summary["replay"])
     except ValueError as exc:
         raise ValueError(f"{paths[1]}: {exc}") from None
-    return ReplayRun(folder, info, summary, pd.read_parquet(paths[0]))
+    return ReplayRun(folder, info, ReplaySummary.from_dict(summary), pd.read_parquet(paths[0]))

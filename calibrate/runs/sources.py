@@ -70,7 +70,7 @@ class TraceRun:
 
 def replay_figures(summary) -> dict[str, float]:
     """The METRICS of a summary (a replay's or a simulation's) in ms, TPOT the requests' own mean."""
-    return {**summary_figures(summary), "tpot": milliseconds(summary["tpot_s"]["mean"])}
+    return {**summary_figures(summary), "tpot": milliseconds(summary.tpot_s.mean)}
 
 
 def replay_config(replayed: ReplayRun, default_hardware: str | None = None, default_profile: str | None = None,
@@ -104,11 +104,11 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
     if info.max_concurrency is not None:
         raise RunsError(f"{where} was replayed with --max-concurrency {info.max_concurrency}, a client-side queue "
                         "the simulator does not model: replay without it to calibrate on")
-    if summary["num_rejected"]:
-        reason = next(iter(summary.get("rejections") or {"?": 0}))
-        raise RunsError(f"{where}: {summary['num_rejected']} of {summary['num_requests']} requests failed ({reason}): "
+    if summary.num_rejected:
+        reason = next(iter(summary.rejections or {"?": 0}))
+        raise RunsError(f"{where}: {summary.num_rejected} of {summary.num_requests} requests failed ({reason}): "
                         "calibrate on replays the server served whole (a lower rate, a longer --request-timeout)")
-    short = (summary.get("replay") or {}).get("short_outputs") or 0
+    short = summary.replay.short_outputs or 0
     if short:
         raise RunsError(f"{where}: {short} requests got fewer tokens than the trace asked (the server ignored "
                         "min_tokens / ignore_eos): the simulator would generate them all; replay against a server "
@@ -118,9 +118,9 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
         workload = load_workload(info.trace, seed=info.seed, rate_scale=info.rate_scale)
     except ValueError as exc:
         raise RunsError(f"{where}: its trace cannot be read again ({exc})") from None
-    if len(workload) != summary["num_requests"]:
+    if len(workload) != summary.num_requests:
         raise RunsError(f"{where}: its trace {info.trace} now holds {len(workload)} requests, the replay sent "
-                        f"{summary['num_requests']}: the trace changed since; point the summary's trace at the one replayed")
+                        f"{summary.num_requests}: the trace changed since; point the summary's trace at the one replayed")
     measured = replay_figures(summary)
     bad = [k for k, v in measured.items() if not math.isfinite(v)]
     if bad:

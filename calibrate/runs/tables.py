@@ -120,7 +120,7 @@ def model_family(model: str) -> str:
 
 def summary_figures(summary) -> dict[str, float]:
     """The E2E and TTFT METRICS of a summary (a simulation's or a replay's), in ms."""
-    return {f"{metric}_{stat}": milliseconds(summary[f"{metric}_s"][stat])
+    return {f"{metric}_{stat}": milliseconds(getattr(getattr(summary, f"{metric}_s"), stat))
             for metric in ("e2e", "ttft") for stat in ("mean", "p90", "p99")}
 
 

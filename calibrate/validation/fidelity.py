@@ -66,7 +66,7 @@ def run_validation(setup: ValidationSetup, folder: Path | None = None, profile: 
     # its freshly measured forwards.
     base_model = load_cost_model(config.hardware, profile=config.profile)
     capacity = simulate(config, workload_at(lengths, math.inf, setup.seed, "capacity"), cost_model=base_model)
-    capacity_rps = capacity.summary["throughput"]["requests_per_s"]
+    capacity_rps = capacity.summary.throughput.requests_per_s
     rates = {name: fraction * capacity_rps for name, fraction in setup.levels.items()}
     workloads = {name: workload_at(lengths, rate, setup.seed + 1, name) for name, rate in rates.items()}
     repeats: dict[str, list[Measurement]] = {name: [] for name in setup.levels}

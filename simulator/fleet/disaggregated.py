@@ -34,6 +34,7 @@ from simulator.fleet.fleet import FleetRecord, FleetSetup, fleet_record, ingress
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.replica import ArrivalClock, ArrivalsAnyTime
 from simulator.fleet.router import Router
+from simulator.fleet.summary_parts import Disaggregation, Pool, Transfer
 
 
 @dataclass
@@ -151,15 +152,14 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, requests: li
     return record, {"busy_s": busy, "transfers": transfers}
 
 
-def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duration_s: float) -> dict:
+def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duration_s: float) -> Disaggregation:
     """The summary's "disaggregation" section: each pool's make-up and how busy it was, and the KV
     transfers (how many, how much, how long, how long they waited for their link)."""
-    def pool(setup: FleetSetup, name: str) -> dict:
+    def pool(setup: FleetSetup, name: str) -> Pool:
         c = setup.config
-        return {"replicas": c.replicas, "hardware": c.hardware, "tp": c.tp, "cp": c.cp, "quant": c.quant,
-                "gpus": c.num_gpus,
-                "kv_blocks_per_replica": setup.plan.num_blocks,
-                "busy_fraction": figures["busy_s"][name] / (c.replicas * c.pp * max(duration_s, 1e-12))}
+        return Pool(replicas=c.replicas, hardware=c.hardware, tp=c.tp, cp=c.cp, quant=c.quant, gpus=c.num_gpus,
+                    kv_blocks_per_replica=setup.plan.num_blocks,
+                    busy_fraction=figures["busy_s"][name] / (c.replicas * c.pp * max(duration_s, 1e-12)))
 
     transfers = np.array(figures["transfers"]) if figures["transfers"] else np.zeros((0, 2))
     waits, times = transfers[:, 0], transfers[:, 1]
@@ -168,8 +168,8 @@ def pool_figures(prefill: FleetSetup, decode: FleetSetup, figures: dict, duratio
         if not len(values):
             return None
         return float(values.mean() if q is None else np.percentile(values, q))
-    return {"prefill": pool(prefill, "prefill"), "decode": pool(decode, "decode"),
-            "transfer": {"link_gbps": prefill.config.kv_transfer_gbps,
-                         "latency_s": prefill.config.kv_transfer_latency_s,
-                         "count": int(len(times)), "mean_s": stat(times), "p99_s": stat(times, 99),
-                         "wait_mean_s": stat(waits), "wait_p99_s": stat(waits, 99)}}
+    return Disaggregation(pool(prefill, "prefill"), pool(decode, "decode"),
+                          Transfer(link_gbps=prefill.config.kv_transfer_gbps,
+                                   latency_s=prefill.config.kv_transfer_latency_s,
+                                   count=int(len(times)), mean_s=stat(times), p99_s=stat(times, 99),
+                                   wait_mean_s=stat(waits), wait_p99_s=stat(waits, 99)))

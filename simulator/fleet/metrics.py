@@ -1,4 +1,5 @@
-"""What a simulation measures: per-request rows, time series, and the summary. No torch.
+"""What a simulation measures: per-request rows, time series, and what the rows come to (Served:
+the per-request figures of every summary, a simulation's, a replay's or the engine's). No torch.
 
 The recorder keeps one row per finished (or rejected) request and nothing else per request, so
 memory grows with the metric rows only; inter-token latencies of all requests go into a
@@ -14,12 +15,14 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
 
 from engine.policy.sequence import Sequence
+from simulator.fleet.summary_parts import Distribution, Goodput, Slo, Throughput
 
 PERCENTILES = (50, 90, 95, 99)
 ITL_BINS_PER_DECADE = 400
@@ -195,18 +198,41 @@ def _itl_bin_center(index: int) -> float:
     return ITL_MIN_S * 10 ** ((index - 0.5) / ITL_BINS_PER_DECADE)
 
 
-def distribution(values: pd.Series) -> dict[str, float]:
-    v = values.dropna().to_numpy(dtype=float)
+def distribution(values) -> Distribution:
+    """The mean and PERCENTILES of the values (a Series or any sequence), NaN and None left out;
+    every figure NaN where none are left. The one distribution of the project's summaries: JSON
+    writes NaN as null (app/common.py jsonable), at the edge."""
+    v = pd.Series(values, dtype=float).dropna().to_numpy()
     if len(v) == 0:
-        return {"mean": math.nan, **{f"p{p}": math.nan for p in PERCENTILES}}
-    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+        return Distribution(math.nan, *(math.nan for _ in PERCENTILES))
+    return Distribution(float(v.mean()), *(float(np.percentile(v, p)) for p in PERCENTILES))
 
 
-def slo_attainment(requests: pd.DataFrame, slos: dict[str, float], itl: Recorder | None = None) -> dict:
+class TokenGaps:
+    """The exact gaps between consecutive token times of each request (a replay's streamed chunks,
+    the engine's tokens), read as the ITL source the simulator's Recorder is (itl_mean, itl_percentile)."""
+
+    def __init__(self, token_times) -> None:
+        per_request = [np.diff(np.asarray(t, dtype=float)) for t in token_times]
+        self.gaps = np.concatenate(per_request) if per_request else np.empty(0)
+
+    def itl_mean(self) -> float:
+        return float(self.gaps.mean()) if len(self.gaps) else math.nan
+
+    def itl_percentile(self, q: float) -> float:
+        return float(np.percentile(self.gaps, q)) if len(self.gaps) else math.nan
+
+
+def itl_distribution(itl) -> Distribution:
+    """ITL of an ITL source (Recorder: binned, within 0.3 %; TokenGaps: exact)."""
+    return Distribution(itl.itl_mean(), *(itl.itl_percentile(p) for p in PERCENTILES))
+
+
+def slo_attainment(requests: pd.DataFrame, slos: dict[str, float], itl=None) -> tuple[Slo, pd.Series]:
     """Each SLO's measured value and whether it is met; the share of requests meeting all per-request
-    limits (goodput counts those)."""
+    limits, and which finished requests do (goodput counts those). itl: an ITL source (Recorder, TokenGaps)."""
     finished = requests[requests["status"] == "finished"]
-    out: dict = {"targets": dict(slos), "measured": {}, "met": {}}
+    measured, met = {}, {}
     ok = pd.Series(True, index=finished.index)
     for key, limit in slos.items():
         metric, stat = key.split("_")
@@ -216,11 +242,71 @@ def slo_attainment(requests: pd.DataFrame, slos: dict[str, float], itl: Recorder
             series = finished[f"{metric}_s"].dropna()
             value = float(series.mean()) if stat == "mean" else float(np.percentile(series, float(stat[1:]))) \
                 if len(series) else math.nan
-        out["measured"][key] = value
-        out["met"][key] = bool(value <= limit)
+        measured[key] = value
+        met[key] = bool(value <= limit)
         if metric in ("ttft", "tpot", "e2e"):
             ok &= finished[f"{metric}_s"].fillna(0.0) <= limit
-    out["all_met"] = all(out["met"].values()) if slos else True
-    out["requests_within_slo"] = float(ok.mean()) if len(finished) else math.nan
-    out["within_slo_mask"] = ok
-    return out
+    slo = Slo(dict(slos), measured, met, all(met.values()) if slos else True,
+              float(ok.mean()) if len(finished) else math.nan)
+    return slo, ok
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a run's per-request rows come to: the figures a simulation (simulator/fleet/summary.py),
+    a measured replay (calibrate/runs/replay_summary.py) and the engine's outputs (app/report.py) share,
+    under RunSummary's names. Rows: status ("finished", else rejected or failed), reason, arrival_s,
+    finish_s, prompt_tokens, output_tokens, ttft_s, tpot_s, e2e_s, and queue_s where known (a client
+    sees no first-scheduled time: queue_s None without it). Over the span from the first arrival to
+    the last finish."""
+
+    num_requests: int
+    num_finished: int
+    num_rejected: int
+    rejections: dict[str, int]
+    duration_s: float
+    throughput: Throughput
+    goodput: Goodput
+    ttft_s: Distribution
+    tpot_s: Distribution
+    itl_s: Distribution
+    e2e_s: Distribution
+    queue_s: Distribution | None
+    slo: Slo
+    # Not summary keys: what the callers' own figures are made of.
+    prompt_tokens: int  # of the finished requests
+    output_tokens: int
+    finished: pd.DataFrame = field(repr=False, compare=False)
+
+    def summary_fields(self) -> dict:
+        """These figures as RunSummary's keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SERVED_OWN}
+
+
+SERVED_OWN = ("prompt_tokens", "output_tokens", "finished")
+
+
+def served(requests: pd.DataFrame, slos: dict[str, float], itl) -> Served:
+    """The per-request rows' figures (Served); slos: SLO key -> limit in seconds; itl: the ITL source
+    (Recorder, TokenGaps) of the finished requests."""
+    finished = requests[requests["status"] == "finished"]
+    rejected = requests[requests["status"] != "finished"]
+    start = float(requests["arrival_s"].min())
+    end = float(finished["finish_s"].max()) if len(finished) else start
+    duration = max(end - start, 1e-12)
+    output_tokens = int(finished["output_tokens"].sum())
+    prompt_tokens = int(finished["prompt_tokens"].sum())
+    slo, within = slo_attainment(requests, slos, itl)
+    return Served(
+        num_requests=int(len(requests)), num_finished=int(len(finished)), num_rejected=int(len(rejected)),
+        rejections=dict(Counter(rejected["reason"])) if len(rejected) else {},
+        duration_s=duration,
+        throughput=Throughput(len(finished) / duration, output_tokens / duration,
+                              (output_tokens + prompt_tokens) / duration),
+        goodput=Goodput(float(within.sum()) / duration,
+                        float(finished.loc[within[within].index, "output_tokens"].sum()) / duration
+                        if len(finished) else 0.0),
+        ttft_s=distribution(finished["ttft_s"]), tpot_s=distribution(finished["tpot_s"]),
+        itl_s=itl_distribution(itl), e2e_s=distribution(finished["e2e_s"]),
+        queue_s=distribution(finished["queue_s"]) if "queue_s" in finished else None,
+        slo=slo, prompt_tokens=prompt_tokens, output_tokens=output_tokens, finished=finished)

@@ -1,100 +1,44 @@
-"""What a simulation run comes to: RunSummary, typed, whose to_dict() is the summary JSON of
-DESIGN.md key for key (times in seconds with _s, rates _per_s). No torch.
-
-A RunSummary also reads as that mapping (summary["ttft_s"]["p99"]), so code that only reads the
-JSON's keys does not care which it holds; it cannot be changed after it is made."""
+"""What a simulation run comes to: RunSummary, typed (its sections in summary_parts.py), whose
+to_dict() is the summary JSON key for key (docs/summary.md; times in seconds with _s, rates _per_s).
+A measured replay's summary is one too (calibrate/runs/replay_summary.py), with what a client cannot
+observe None. It cannot be changed after it is made. No torch."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import pandas as pd
 
 from simulator.cost.memory import MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.fleet.fleet import FleetRecord
-from simulator.fleet.metrics import distribution, slo_attainment
+from simulator.fleet.metrics import served
 from simulator.fleet.sim_config import SimConfig
+from simulator.fleet.summary_parts import (Cost, CostModelInfo, Disaggregation, Distribution, Goodput, KvOffload,
+                                           KvUtilization, Memory, Part, Slo, Speculation, Throughput, TimeSplit,
+                                           Utilization)
 
-
-class _Part:
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class Distribution(_Part):
-    mean: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
+__all__ = ["Cost", "CostModelInfo", "Disaggregation", "Distribution", "Goodput", "KvOffload", "KvUtilization",
+           "Memory", "RunSummary", "Slo", "Speculation", "Throughput", "TimeSplit", "Utilization", "summarize"]
 
 
 @dataclass(frozen=True)
-class Throughput(_Part):
-    requests_per_s: float
-    output_tokens_per_s: float
-    total_tokens_per_s: float
+class RunSummary(Part):
+    """A run's summary; docs/summary.md says what each field means. The fields typed "| None" that
+    a simulation always sets are None in a measured replay (calibrate/runs/replay_summary.py UNOBSERVED)."""
 
-
-@dataclass(frozen=True)
-class Goodput(_Part):
-    """What finished within every per-request SLO."""
-
-    requests_per_s: float
-    output_tokens_per_s: float
-
-
-@dataclass(frozen=True)
-class KvUtilization(_Part):
-    mean: float
-    max: float
-
-
-@dataclass(frozen=True)
-class Utilization(_Part):
-    mfu: float
-    mbu: float
-    busy_fraction: float
-
-
-@dataclass(frozen=True)
-class TimeSplit(_Part):
-    """Where the replicas' step time went, in seconds (steps: how many)."""
-
-    prefill: float
-    decode: float
-    communication: float
-    overhead: float
-    steps: int
-    step_time_total: float
-
-
-@dataclass(frozen=True)
-class Cost(_Part):
-    usd_per_hour: float | None
-    gpu_hours: float
-    usd: float | None
-    usd_per_million_output_tokens: float | None
-    usd_per_million_tokens: float | None
-
-
-@dataclass(frozen=True, eq=True)
-class RunSummary(Mapping):
     model: str
-    hardware: str
-    tp: int
-    pp: int
-    cp: int
-    replicas: int
-    quant: str
-    compute_dtype: str
-    kv_dtype: str
-    scheduler: str
-    router: str
+    hardware: str | None
+    tp: int | None
+    pp: int | None
+    cp: int | None
+    replicas: int | None
+    quant: str | None
+    compute_dtype: str | None
+    kv_dtype: str | None
+    scheduler: str | None
+    router: str | None
     num_requests: int
     num_finished: int
     num_rejected: int
@@ -106,75 +50,47 @@ class RunSummary(Mapping):
     tpot_s: Distribution
     itl_s: Distribution
     e2e_s: Distribution
-    queue_s: Distribution
-    slo: dict  # targets, measured, met, all_met (fleet/metrics.py slo_attainment)
-    kv_utilization: KvUtilization
-    preemptions: int
-    prefix_cache_hit_rate: float
-    utilization: Utilization
-    time_split_s: TimeSplit
-    cost: Cost
-    memory: dict  # MemoryPlan.to_dict()
-    cost_model: dict  # where the step times came from
+    queue_s: Distribution | None
+    slo: Slo
+    kv_utilization: KvUtilization | None
+    preemptions: int | None
+    prefix_cache_hit_rate: float | None
+    utilization: Utilization | None
+    time_split_s: TimeSplit | None
+    cost: Cost | None
+    memory: Memory | None
+    cost_model: CostModelInfo | None
     # 80 % prediction intervals of latency figures ("ttft_s.mean": [low, high], seconds) from the
     # engine profile's cross-validated residuals on real runs; empty without them.
     intervals: dict[str, list[float]]
-    speculation: dict | None
-    # The host KV tier (kv_offload_gb): blocks offloaded and loaded, the share of prompt tokens it
-    # served (within prefix_cache_hit_rate) and its load time; None without one.
-    kv_offload: dict | None
-    # A disaggregated fleet's pools and KV transfers (simulator/fleet/disaggregated.py pool_figures);
-    # None for a co-located one.
-    disaggregation: dict | None
+    speculation: Speculation | None  # None without speculative decoding
+    # The host KV tier (kv_offload_gb); None without one.
+    kv_offload: KvOffload | None
+    # A disaggregated fleet's pools and KV transfers; None for a co-located one.
+    disaggregation: Disaggregation | None
     # Why the run ended before its last request (SloWatch: missing the SLOs was certain); None: it ran out.
     stopped_early: str | None = None
-    _json: dict = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_json", self.to_dict())
 
     def to_dict(self) -> dict:
-        """The summary JSON: every field in order, parts as their dicts; stopped_early only when set."""
-        out = {}
-        for f in fields(self):
-            if f.name == "_json" or (f.name == "stopped_early" and self.stopped_early is None):
-                continue
-            value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if isinstance(value, _Part) else value
+        """The summary JSON: every field in order, sections as their dicts; stopped_early only when set."""
+        out = super().to_dict()
+        if self.stopped_early is None:
+            del out["stopped_early"]
         return out
-
-    # Read as the JSON mapping.
-    def __getitem__(self, key: str):
-        return self._json[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._json)
-
-    def __len__(self) -> int:
-        return len(self._json)
 
 
 def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: MemoryPlan, record: FleetRecord,
               requests: pd.DataFrame, timeseries: pd.DataFrame, stopped_early: str | None = None,
               missed: Mapping[str, float] | None = None,
-              disaggregation: Callable[[float], dict] | None = None) -> RunSummary:
+              disaggregation: Callable[[float], Disaggregation] | None = None) -> RunSummary:
     """The run's summary; stopped_early (with the SLO bounds it missed by) marks a run ended as soon
     as missing the SLOs was certain: its SLOs read as missed at those bounds. disaggregation: the
     pools' section of a disaggregated fleet, given the run's duration (accelerator, cost_model and
     plan are then its decode pool's)."""
-    finished = requests[requests["status"] == "finished"]
-    rejected = requests[requests["status"] == "rejected"]
-    start = float(requests["arrival_s"].min())
-    end = float(finished["finish_s"].max()) if len(finished) else start
-    duration = max(end - start, 1e-12)
-    output_tokens = int(finished["output_tokens"].sum())
-    prompt_tokens = int(finished["prompt_tokens"].sum())
-    slo = slo_attainment(requests, config.slo, record.recorder)
-    within = slo.pop("within_slo_mask")
-    if stopped_early:
-        for key, bound in (missed or {}).items():
-            slo["measured"][key], slo["met"][key] = bound, False
-        slo["all_met"] = False
+    figures = served(requests, config.slo, record.recorder)
+    finished, duration = figures.finished, figures.duration_s
+    output_tokens, prompt_tokens = figures.output_tokens, figures.prompt_tokens
+    slo = figures.slo.missed_at(dict(missed or {})) if stopped_early else figures.slo
     gpus = config.num_gpus
     split = record.split
     # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
@@ -185,25 +101,12 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     per_million = usd is not None and output_tokens > 0
     kv = timeseries["kv_utilization"] if len(timeseries) else pd.Series(dtype=float)
     step_time_total = split.prefill_s + split.decode_s + split.communication_s + split.overhead_s
-    recorder = record.recorder
-    ttft, tpot, e2e = (Distribution(**distribution(finished[c])) for c in ("ttft_s", "tpot_s", "e2e_s"))
     return RunSummary(
         model=config.model, hardware=config.hardware, tp=config.tp, pp=config.pp, cp=config.cp,
         replicas=config.num_replicas,
         quant=config.quant, compute_dtype=config.compute_dtype, kv_dtype=config.cache_dtype,
         scheduler=config.scheduler, router=config.router,
-        num_requests=int(len(requests)), num_finished=int(len(finished)), num_rejected=int(len(rejected)),
-        rejections=dict(Counter(rejected["reason"])) if len(rejected) else {},
-        duration_s=duration,
-        throughput=Throughput(len(finished) / duration, output_tokens / duration,
-                              (output_tokens + prompt_tokens) / duration),
-        goodput=Goodput(float(within.sum()) / duration,
-                        float(finished.loc[within[within].index, "output_tokens"].sum()) / duration
-                        if len(finished) else 0.0),
-        ttft_s=ttft, tpot_s=tpot,
-        itl_s=Distribution(recorder.itl_mean(), *(recorder.itl_percentile(p) for p in (50, 90, 95, 99))),
-        e2e_s=e2e, queue_s=Distribution(**distribution(finished["queue_s"])),
-        slo=slo,
+        **{**figures.summary_fields(), "slo": slo},
         kv_utilization=KvUtilization(float(kv.mean()) if len(kv) else 0.0, float(kv.max()) if len(kv) else 0.0),
         preemptions=int(finished["preemptions"].sum()),
         prefix_cache_hit_rate=float(finished["cached_prompt_tokens"].sum() / prompt_tokens) if prompt_tokens else 0.0,
@@ -215,10 +118,10 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         cost=Cost(usd_per_hour, gpus * duration / 3600.0, usd,
                   usd / output_tokens * 1e6 if per_million else None,
                   usd / (output_tokens + prompt_tokens) * 1e6 if per_million else None),
-        memory=plan.to_dict(),
-        cost_model={"source": "profile" if cost_model.profile is not None else "roofline x fitted efficiency",
-                    "profile": config.profile, "engine": cost_model.engine.id if cost_model.engine else None},
-        intervals=prediction_intervals(cost_model, {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}),
+        memory=Memory(**plan.to_dict()),
+        cost_model=CostModelInfo("profile" if cost_model.profile is not None else "roofline x fitted efficiency",
+                                 config.profile, cost_model.engine.id if cost_model.engine else None),
+        intervals=prediction_intervals(cost_model, figures),
         speculation=speculation_summary(config, record.speculation),
         kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
         disaggregation=disaggregation(duration) if disaggregation is not None else None,
@@ -231,37 +134,38 @@ INTERVAL_METRICS = {("ttft_s", "mean"): "ttft_mean", ("ttft_s", "p90"): "ttft_p9
                     ("e2e_s", "p99"): "e2e_p99"}
 
 
-def prediction_intervals(cost_model: CostModel, distributions: dict) -> dict[str, list[float]]:
+def prediction_intervals(cost_model: CostModel, figures) -> dict[str, list[float]]:
+    """figures: anything with the summary's distributions as attributes (ttft_s, tpot_s, e2e_s)."""
     engine = cost_model.engine
     if engine is None or not engine.residuals:
         return {}
     out = {}
     for (name, stat), metric in INTERVAL_METRICS.items():
-        interval = engine.interval(metric, getattr(distributions[name], stat))
+        interval = engine.interval(metric, getattr(getattr(figures, name), stat))
         if interval is not None:
             out[f"{name}.{stat}"] = [interval[0], interval[1]]
     return out
 
 
-def speculation_summary(config: SimConfig, counts: list[dict]) -> dict | None:
+def speculation_summary(config: SimConfig, counts: list[dict]) -> Speculation | None:
     if not counts:
         return None
     verifications = sum(c["verifications"] for c in counts)
     proposed = sum(c["proposed"] for c in counts)
     accepted = sum(c["accepted_tokens"] for c in counts)
-    return {"method": config.speculative, "num_speculative_tokens": config.num_speculative_tokens,
-            "cumulative_acceptance": counts[0]["cumulative"], "verifications": verifications,
-            "acceptance_rate": accepted / proposed if proposed else 0.0,
-            "mean_accepted_per_verification": accepted / verifications if verifications else 0.0,
-            "draft_time_s": sum(c["draft_s"] for c in counts)}
+    return Speculation(method=config.speculative, num_speculative_tokens=config.num_speculative_tokens,
+                       cumulative_acceptance=counts[0]["cumulative"], verifications=verifications,
+                       acceptance_rate=accepted / proposed if proposed else 0.0,
+                       mean_accepted_per_verification=accepted / verifications if verifications else 0.0,
+                       draft_time_s=sum(c["draft_s"] for c in counts))
 
 
-def offload_summary(config: SimConfig, plan: MemoryPlan, counts: dict | None, prompt_tokens: int) -> dict | None:
+def offload_summary(config: SimConfig, plan: MemoryPlan, counts: dict | None, prompt_tokens: int) -> KvOffload | None:
     if counts is None:
         return None
     per_block = config.kv_block_bytes(plan)[1]  # one replica's
     loaded_tokens = counts["loaded_blocks"] * plan.scheduled_block_size
-    return {"capacity_gb": config.kv_offload_gb, "offloaded_blocks": int(counts["offloaded_blocks"]),
-            "loaded_blocks": int(counts["loaded_blocks"]), "loaded_gb": counts["loaded_blocks"] * per_block / 1e9,
-            "hit_rate": loaded_tokens / prompt_tokens if prompt_tokens else 0.0, "load_s": counts["load_s"]}
+    return KvOffload(capacity_gb=config.kv_offload_gb, offloaded_blocks=int(counts["offloaded_blocks"]),
+                     loaded_blocks=int(counts["loaded_blocks"]), loaded_gb=counts["loaded_blocks"] * per_block / 1e9,
+                     hit_rate=loaded_tokens / prompt_tokens if prompt_tokens else 0.0, load_s=counts["load_s"])
 

@@ -29,6 +29,7 @@ from simulator.cost.model import CostModel
 from simulator.fleet.costs import cost_model_for
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig, parse_pools
+from simulator.fleet.summary import RunSummary
 from simulator.workload.requests import Workload
 
 
@@ -135,7 +136,7 @@ class CandidateResult:
         return cls(candidate=candidate, **rest)
 
 
-Simulate = Callable[[SimConfig, Workload, CostModel], dict]
+Simulate = Callable[[SimConfig, Workload, CostModel], RunSummary]
 MAX_COPIES = 100
 
 
@@ -145,14 +146,14 @@ def residual_metric(metric: str) -> str:
     return "tpot" if metric.startswith(("tpot", "itl")) else metric
 
 
-def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> dict:
+def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> RunSummary:
     # Only the verdict of a failing run is used: it may stop as soon as the verdict is certain.
     return simulate(config, workload, cost_model, stop_when_slo_missed=True).summary
 
 
-def meets(summary: dict) -> bool:
+def meets(summary: RunSummary) -> bool:
     """Every SLO met and every request served (a rejected request meets nothing)."""
-    return bool(summary["slo"]["all_met"]) and summary["num_rejected"] == 0
+    return bool(summary.slo.all_met) and summary.num_rejected == 0
 
 
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
@@ -168,7 +169,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         return result
     # One cost model for every simulation of this candidate (the replica count changes nothing in it).
     cost_model = cost_model_for(config)
-    summaries: dict[int, dict] = {}
+    summaries: dict[int, RunSummary] = {}
 
     def holds(replicas: int) -> bool:
         if replicas not in summaries:
@@ -178,29 +179,30 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
 
     replicas = fewest_replicas(holds, 1, spec.max_replicas)
     if replicas is None:
-        slo = summaries[spec.max_replicas]["slo"]
-        at_least = "at least " if "stopped_early" in summaries[spec.max_replicas] else ""
-        missed = ", ".join(f"{k} {at_least}{slo['measured'].get(k, math.nan):.3g} s > {v:.3g} s"
-                           for k, v in slo["targets"].items() if not slo["met"].get(k, False))
-        rejected = summaries[spec.max_replicas]["num_rejected"]
-        ratios = [m / v for k, v in slo["targets"].items()
-                  if v > 0 and isinstance(m := slo["measured"].get(k), (int, float)) and math.isfinite(m)]
+        slo = summaries[spec.max_replicas].slo
+        at_least = "at least " if summaries[spec.max_replicas].stopped_early is not None else ""
+        missed = ", ".join(f"{k} {at_least}{slo.measured.get(k, math.nan):.3g} s > {v:.3g} s"
+                           for k, v in slo.targets.items() if not slo.met.get(k, False))
+        rejected = summaries[spec.max_replicas].num_rejected
+        ratios = [m / v for k, v in slo.targets.items()
+                  if v > 0 and isinstance(m := slo.measured.get(k), (int, float)) and math.isfinite(m)]
         result.slo_miss = max(ratios) if ratios and not rejected else None
         result.reason = (f"misses the SLOs even with {spec.max_replicas} replicas ("
                          + (missed or f"{rejected} requests rejected") + ")")
         return result
     summary = summaries[replicas]
-    cost = summary["cost"]
+    cost = summary.cost
     result.feasible, result.replicas = True, replicas
     result.gpus = spec.config(candidate, replicas).num_gpus
-    result.usd_per_hour = cost["usd_per_hour"]
-    result.usd_per_million_output_tokens = cost["usd_per_million_output_tokens"]
-    result.ttft_p99_s = summary["ttft_s"]["p99"]
-    result.tpot_p99_s = summary["tpot_s"]["p99"]
-    result.e2e_p99_s = summary["e2e_s"]["p99"]
-    result.requests = summary["num_requests"]
-    result.slo_measured = {k: v for k, v in summary["slo"]["measured"].items() if k in spec.slo}
-    values = {**{f"{k}_p99": summary[f"{k}_s"]["p99"] for k in ("ttft", "tpot", "e2e")}, **result.slo_measured}
+    result.usd_per_hour = cost.usd_per_hour
+    result.usd_per_million_output_tokens = cost.usd_per_million_output_tokens
+    result.ttft_p99_s = summary.ttft_s.p99
+    result.tpot_p99_s = summary.tpot_s.p99
+    result.e2e_p99_s = summary.e2e_s.p99
+    result.requests = summary.num_requests
+    result.slo_measured = {k: v for k, v in summary.slo.measured.items() if k in spec.slo}
+    values = {"ttft_p99": summary.ttft_s.p99, "tpot_p99": summary.tpot_s.p99, "e2e_p99": summary.e2e_s.p99,
+              **result.slo_measured}
     if cost_model.engine is not None:
         result.intervals = {k: list(interval) for k, v in values.items()
                             if (interval := cost_model.engine.interval(residual_metric(k), v)) is not None}

@@ -32,7 +32,8 @@ def test_replay_json_and_out_folder(server, tmp_path) -> None:
     assert summary["replay"]["model"] == MODEL == server.received[-1]["model"]  # from GET /models
     assert summary["replay"]["server"]["data"][0]["id"] == MODEL and summary["replay"]["url"] == server.url
     run = read_replay(tmp_path)
-    assert run.summary == summary and len(run.requests) == 6 and run.info.max_concurrency == 3
+    assert run.summary.to_dict() == summary and len(run.requests) == 6 and run.info.max_concurrency == 3
+    assert run.summary.replay.server["data"][0]["id"] == MODEL and run.summary.slo.all_met is True
     assert run.info.trace == TRACE and run.info.tokenizer is None and run.info.vocab_size == 256
 
 

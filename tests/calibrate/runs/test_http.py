@@ -72,8 +72,8 @@ def test_a_refused_request_is_recorded_and_the_others_finish(tmp_path) -> None:
     rest = frame[frame["requested_output_tokens"] != 5]
     assert (rest["status"] == "finished").all() and list(rest["output_tokens"]) == [3, 4, 6]
     summary = summarize(frame, {}, info(server.url, trace))
-    assert summary["num_finished"] == 3 and summary["num_rejected"] == 1
-    assert summary["rejections"] == {"HTTP 400: max_tokens=5 is refused": 1}
+    assert summary.num_finished == 3 and summary.num_rejected == 1
+    assert summary.rejections == {"HTTP 400: max_tokens=5 is refused": 1}
 
 
 def test_max_concurrency_holds_requests_back_and_the_wait_counts_in_their_latency() -> None:
@@ -85,7 +85,7 @@ def test_max_concurrency_holds_requests_back_and_the_wait_counts_in_their_latenc
     assert (frame["send_s"].iloc[1:].to_numpy() >= frame["finish_s"].iloc[:-1].to_numpy() - 1e-3).all()
     assert (frame["ttft_s"].to_numpy() >= frame["send_s"].to_numpy() + 0.02).all()  # from arrival, not send
     summary = summarize(frame, {}, info(server.url, trace, 1))
-    assert summary["replay"]["send_delay_s"]["p99"] >= 2 * 0.04
+    assert summary.replay.send_delay_s.p99 >= 2 * 0.04
 
 
 def test_a_server_without_usage_gets_its_chunks_counted() -> None:
@@ -112,18 +112,19 @@ def test_the_summary_has_the_simulators_keys_and_reads_back_the_same(tmp_path) -
         models = server_models(server.url)
     slos = {"ttft_p99": 10.0, "itl_p50": 10.0, "tpot_mean": 1e-6}
     summary = summarize(frame, slos, info(server.url, trace))
-    assert list(summary) == list(simulated) + ["replay"]
+    as_json = summary.to_dict()
+    assert list(as_json) == list(simulated) + ["replay"]
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-        assert set(summary[key]) == set(simulated[key])
-    assert set(summary["throughput"]) == set(simulated["throughput"]) and set(summary["slo"]) == set(simulated["slo"])
-    assert summary["slo"]["met"] == {"ttft_p99": True, "itl_p50": True, "tpot_mean": False}
-    assert summary["queue_s"] is None and summary["kv_utilization"] is None and summary["cost"] is None
-    assert summary["itl_s"]["mean"] >= 0.0025 and summary["replay"]["short_outputs"] == 0
+        assert set(as_json[key]) == set(simulated[key])
+    assert set(as_json["throughput"]) == set(simulated["throughput"]) and set(as_json["slo"]) == set(simulated["slo"])
+    assert summary.slo.met == {"ttft_p99": True, "itl_p50": True, "tpot_mean": False}
+    assert summary.queue_s is None and summary.kv_utilization is None and summary.cost is None
+    assert summary.itl_s.mean >= 0.0025 and summary.replay.short_outputs == 0
     assert models["data"][0]["id"] == MODEL
     frame.to_parquet(tmp_path / REQUESTS_FILE, index=False)
     (tmp_path / SUMMARY_FILE).write_text(dumps(summary))
     back = read_replay(tmp_path)
-    assert back.info == info(server.url, trace) and back.summary == json.loads(dumps(summary))
+    assert back.info == info(server.url, trace) and back.summary.to_dict() == json.loads(dumps(summary))
     assert dumps(summarize(back.requests, slos, back.info)) == dumps(summary)
 
 

@@ -131,9 +131,9 @@ def test_simulate_defaults_to_vllm_on_catalog_gpus_and_names_it() -> None:
     spec = "synthetic:num=30,input=100,output=10,rate=5"
     default = simulate(SimConfig(model="llama-3.1-8b", hardware="h100-sxm"), load_workload(spec))
     own = simulate(SimConfig(model="llama-3.1-8b", hardware="h100-sxm", engine=OWN_ENGINE), load_workload(spec))
-    assert default.summary["cost_model"]["engine"] == DEFAULT_GPU_ENGINE
-    assert own.summary["cost_model"]["engine"] == OWN_ENGINE and own.summary["intervals"] == {}
-    assert default.summary["e2e_s"]["mean"] != own.summary["e2e_s"]["mean"]
+    assert default.summary.cost_model.engine == DEFAULT_GPU_ENGINE
+    assert own.summary.cost_model.engine == OWN_ENGINE and own.summary.intervals == {}
+    assert default.summary.e2e_s.mean != own.summary.e2e_s.mean
 
 
 def test_output_delay_adds_a_step_to_ttft_and_e2e_not_to_the_schedule() -> None:

@@ -92,8 +92,8 @@ def test_moe_models_simulate_and_bad_expert_parallel_configs_are_refused() -> No
     for model in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite", "llama-4-scout"):
         tp = 4 if model == "llama-4-scout" else 2
         result = simulate(SimConfig(model=model, hardware="h100-sxm", tp=tp, expert_parallel=True), workload)
-        assert result.summary["num_finished"] == 60
-        assert result.summary["time_split_s"]["communication"] > 0
+        assert result.summary.num_finished == 60
+        assert result.summary.time_split_s.communication > 0
     with pytest.raises(ValueError, match="is dense"):
         SimConfig(model="llama-3.1-8b", hardware="h100-sxm", tp=2, expert_parallel=True).check()
     with pytest.raises(ValueError, match="cannot split qwen1.5-moe-a2.7b's 60 experts evenly"):

@@ -36,8 +36,8 @@ def test_cp1_reproduces_the_summary_without_the_field_and_the_plain_step_timer()
 def test_a_long_prompt_gets_its_first_token_sooner_at_cp2() -> None:
     workload = load_workload(LONG)
     one, two = (simulate(config(cp=cp), workload).summary for cp in (1, 2))
-    assert two["ttft_s"]["p50"] < 0.7 * one["ttft_s"]["p50"]
-    assert two["cp"] == 2 and one["time_split_s"]["communication"] == 0 < two["time_split_s"]["communication"]
+    assert two.ttft_s.p50 < 0.7 * one.ttft_s.p50
+    assert two.cp == 2 and one.time_split_s.communication == 0 < two.time_split_s.communication
 
 
 def test_the_ring_costs_more_on_a_slower_link() -> None:
@@ -45,8 +45,8 @@ def test_the_ring_costs_more_on_a_slower_link() -> None:
     plain = CostModel.load("h100-sxm")
     slow = plain.with_collective({**plain.collective, "link_efficiency": plain.collective["link_efficiency"] / 200})
     fast, crawl = simulate(config(cp=2), workload).summary, simulate(config(cp=2), workload, slow).summary
-    assert crawl["time_split_s"]["communication"] > 10 * fast["time_split_s"]["communication"]
-    assert crawl["ttft_s"]["p50"] > fast["ttft_s"]["p50"]
+    assert crawl.time_split_s.communication > 10 * fast.time_split_s.communication
+    assert crawl.ttft_s.p50 > fast.ttft_s.p50
 
 
 def test_cp2_holds_twice_the_kv_tokens_on_twice_the_gpus_at_twice_the_price() -> None:
@@ -59,8 +59,8 @@ def test_cp2_holds_twice_the_kv_tokens_on_twice_the_gpus_at_twice_the_price() ->
     # A 48k-token prompt does not fit 2000 blocks of 16 tokens; it fits 2000 virtual blocks of 32.
     workload = load_workload("synthetic:num=2,input=48000,output=8,rate=1")
     s1, s2 = simulate(one, workload).summary, simulate(two, workload).summary
-    assert s1["num_rejected"] == 2 and s2["num_finished"] == 2
-    assert s2["cost"]["usd_per_hour"] == 2 * s1["cost"]["usd_per_hour"] and s2["memory"]["kv_tokens"] == 64000
+    assert s1.num_rejected == 2 and s2.num_finished == 2
+    assert s2.cost.usd_per_hour == 2 * s1.cost.usd_per_hour and s2.memory.kv_tokens == 64000
 
 
 def test_bad_settings_are_named_with_their_fix() -> None:
@@ -80,10 +80,10 @@ def test_a_prefill_pool_of_its_own_cp_serves_long_prompts_sooner_and_sends_half_
     workload = load_workload(LONG)
     plain = simulate(config(disaggregate="1:1"), workload).summary
     split = simulate(config(disaggregate="1:1", prefill_cp=2), workload).summary
-    pools = split["disaggregation"]
-    assert (pools["prefill"]["cp"], pools["prefill"]["gpus"], pools["decode"]["cp"], pools["decode"]["gpus"]) == \
+    pools = split.disaggregation
+    assert (pools.prefill.cp, pools.prefill.gpus, pools.decode.cp, pools.decode.gpus) == \
         (2, 2, 1, 1)
-    assert split["ttft_s"]["p50"] < 0.7 * plain["ttft_s"]["p50"]
-    transfer, half = plain["disaggregation"]["transfer"], pools["transfer"]
-    latency = transfer["latency_s"]
-    assert half["mean_s"] - latency == pytest.approx((transfer["mean_s"] - latency) / 2, rel=1e-3)
+    assert split.ttft_s.p50 < 0.7 * plain.ttft_s.p50
+    transfer, half = plain.disaggregation.transfer, pools.transfer
+    latency = transfer.latency_s
+    assert half.mean_s - latency == pytest.approx((transfer.mean_s - latency) / 2, rel=1e-3)

@@ -57,5 +57,5 @@ def test_scheduler_decisions_equal_the_engines(monkeypatch) -> None:
     sim_decisions = [_decisions(o) for o in sim_steps if not o.is_empty]
     assert any(d[1] for d in engine_decisions), "the pool should be small enough to preempt"
     assert sim_decisions == engine_decisions
-    assert result.summary["prefix_cache_hit_rate"] > 0
+    assert result.summary.prefix_cache_hit_rate > 0
 

@@ -43,23 +43,23 @@ def test_replicas_one_by_one_and_in_processes_give_the_fleet_simulated_together(
     two = simulate(config, load_workload(spec, seed=3), workers=2)
     pd.testing.assert_frame_equal(one.requests, joint.recorder.requests_frame(), check_exact=True)
     pd.testing.assert_frame_equal(one.timeseries, joint.recorder.timeseries_frame(), check_exact=True)
-    assert one.summary["time_split_s"] == pytest.approx(
+    assert one.summary.time_split_s.to_dict() == pytest.approx(
         {k: getattr(joint.split, k if k == "steps" else f"{k}_s") for k in ("prefill", "decode", "communication",
                                                                           "overhead", "steps")}
-        | {"step_time_total": one.summary["time_split_s"]["step_time_total"]}, rel=1e-9)
+        | {"step_time_total": one.summary.time_split_s.step_time_total}, rel=1e-9)
     # One process or two: the same records merged in the same order, the same summary to the bit.
     pd.testing.assert_frame_equal(one.requests, two.requests, check_exact=True)
     pd.testing.assert_frame_equal(one.timeseries, two.timeseries, check_exact=True)
     assert one.summary == two.summary
     if "speculative" in knobs:
-        assert one.summary["speculation"]["verifications"] > 0
+        assert one.summary.speculation.verifications > 0
 
 
 def test_the_first_case_exercises_rejections_and_prefix_hits() -> None:
     spec, knobs = CASES[0]
     result = simulate(SimConfig(model="llama-3.1-8b", hardware="a100-80gb", **knobs), load_workload(spec, seed=3),
                       workers=2)
-    assert result.summary["num_rejected"] > 0 and result.summary["prefix_cache_hit_rate"] > 0
+    assert result.summary.num_rejected > 0 and result.summary.prefix_cache_hit_rate > 0
     assert sorted(result.requests["replica"].unique()) == [-1, 0, 1, 2, 3, 4]
 
 
@@ -106,4 +106,4 @@ def test_fewer_requests_than_replicas_leaves_groups_idle() -> None:
     workload = load_workload("synthetic:num=2,input=64,output=16,rate=10", seed=1)
     one, four = simulate(config, workload), simulate(config, workload, workers=4)
     pd.testing.assert_frame_equal(one.requests, four.requests, check_exact=True)
-    assert four.summary["num_finished"] == 2
+    assert four.summary.num_finished == 2

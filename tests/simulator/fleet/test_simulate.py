@@ -47,7 +47,7 @@ def test_every_request_finishes_or_is_rejected_with_a_reason() -> None:
     assert (finished["output_tokens"] == 50).all()
     assert (finished["finish_s"] >= finished["first_token_s"]).all()
     assert (finished["first_token_s"] > finished["arrival_s"]).all()
-    assert result.summary["num_finished"] + result.summary["num_rejected"] == len(rows)
+    assert result.summary.num_finished + result.summary.num_rejected == len(rows)
 
 
 def test_same_seed_same_results() -> None:
@@ -56,7 +56,7 @@ def test_same_seed_same_results() -> None:
     a = simulate(config, load_workload(spec, seed=3))
     b = simulate(config, load_workload(spec, seed=3))
     pd.testing.assert_frame_equal(a.requests, b.requests)
-    assert a.summary == b.summary or pd.Series(a.summary).equals(pd.Series(b.summary))
+    assert a.summary == b.summary or pd.Series(a.summary.to_dict()).equals(pd.Series(b.summary.to_dict()))
 
 
 def test_more_load_means_longer_queues_and_tokens_are_conserved() -> None:
@@ -64,8 +64,8 @@ def test_more_load_means_longer_queues_and_tokens_are_conserved() -> None:
     config = SimConfig(model="llama-2-7b", hardware="a100-80gb")
     light = simulate(config, load_workload(spec.format(2)))
     heavy = simulate(config, load_workload(spec.format(200)))
-    assert heavy.summary["ttft_s"]["p90"] > light.summary["ttft_s"]["p90"]
-    assert heavy.summary["throughput"]["output_tokens_per_s"] > light.summary["throughput"]["output_tokens_per_s"]
+    assert heavy.summary.ttft_s.p90 > light.summary.ttft_s.p90
+    assert heavy.summary.throughput.output_tokens_per_s > light.summary.throughput.output_tokens_per_s
     for r in (light, heavy):
         assert r.requests["output_tokens"].sum() == 400 * 128
 
@@ -82,27 +82,26 @@ def test_prefix_affinity_keeps_system_prompts_together_and_hits_the_cache() -> N
     spec = "synthetic:prefixes=4,prefix_len=1024,users=50,input=64,output=16,rate=20"
     affinity = simulate(SimConfig(**SMALL, replicas=4, router="prefix_affinity"), load_workload(spec))
     spread = simulate(SimConfig(**SMALL, replicas=4, router="round_robin"), load_workload(spec))
-    assert affinity.summary["prefix_cache_hit_rate"] > spread.summary["prefix_cache_hit_rate"] > 0.5
+    assert affinity.summary.prefix_cache_hit_rate > spread.summary.prefix_cache_hit_rate > 0.5
     off = simulate(SimConfig(**SMALL, replicas=4, enable_prefix_caching=False), load_workload(spec))
-    assert off.summary["prefix_cache_hit_rate"] == 0.0
+    assert off.summary.prefix_cache_hit_rate == 0.0
 
 
 def test_a_small_kv_cache_preempts_and_still_finishes_everything() -> None:
     config = SimConfig(**SMALL, num_gpu_blocks=200, max_model_len=2048)
     result = simulate(config, load_workload("synthetic:num=60,input=400,output=600,rate=inf"))
-    assert result.summary["preemptions"] > 0
-    assert result.summary["num_finished"] == 60
-    assert result.summary["kv_utilization"]["max"] > 0.9
+    assert result.summary.preemptions > 0
+    assert result.summary.num_finished == 60
+    assert result.summary.kv_utilization.max > 0.9
 
 
 def test_static_batching_is_slower_than_continuous_batching() -> None:
     spec = "synthetic:num=200,input=uniform(50,500),output=uniform(10,400),rate=20"
     continuous = simulate(SimConfig(**SMALL, max_num_seqs=32), load_workload(spec))
     static = simulate(SimConfig(**SMALL, max_num_seqs=32, scheduler="static"), load_workload(spec))
-    assert static.summary["num_finished"] == continuous.summary["num_finished"] == 200
-    assert static.summary["e2e_s"]["mean"] > continuous.summary["e2e_s"]["mean"]
-    assert static.summary["throughput"]["output_tokens_per_s"] <= continuous.summary["throughput"][
-        "output_tokens_per_s"] * 1.0001
+    assert static.summary.num_finished == continuous.summary.num_finished == 200
+    assert static.summary.e2e_s.mean > continuous.summary.e2e_s.mean
+    assert static.summary.throughput.output_tokens_per_s <= continuous.summary.throughput.output_tokens_per_s * 1.0001
 
 
 def test_tensor_and_pipeline_parallelism_and_quantization_change_the_fleet() -> None:
@@ -111,14 +110,14 @@ def test_tensor_and_pipeline_parallelism_and_quantization_change_the_fleet() -> 
     tp8 = simulate(SimConfig(model="llama-3.1-70b", hardware="h100-sxm", tp=8), load_workload(spec))
     pp2 = simulate(SimConfig(model="llama-3.1-70b", hardware="h100-sxm", tp=4, pp=2), load_workload(spec))
     fp8 = simulate(SimConfig(model="llama-3.1-70b", hardware="h100-sxm", tp=4, quant="fp8"), load_workload(spec))
-    assert tp8.summary["duration_s"] < base.summary["duration_s"]  # twice the GPUs finish sooner
-    assert base.summary["time_split_s"]["communication"] > 0
-    assert pp2.summary["time_split_s"]["communication"] > 0
+    assert tp8.summary.duration_s < base.summary.duration_s  # twice the GPUs finish sooner
+    assert base.summary.time_split_s.communication > 0
+    assert pp2.summary.time_split_s.communication > 0
     assert fp8.memory.num_blocks > base.memory.num_blocks  # lighter weights leave more KV room
     for r in (base, tp8, pp2, fp8):
-        assert r.summary["num_finished"] == 100
-    assert tp8.summary["cost"]["usd_per_hour"] == pytest.approx(2 * base.summary["cost"]["usd_per_hour"])
-    assert pp2.summary["cost"]["usd_per_hour"] == pytest.approx(2 * base.summary["cost"]["usd_per_hour"])
+        assert r.summary.num_finished == 100
+    assert tp8.summary.cost.usd_per_hour == pytest.approx(2 * base.summary.cost.usd_per_hour)
+    assert pp2.summary.cost.usd_per_hour == pytest.approx(2 * base.summary.cost.usd_per_hour)
 
 
 def test_summary_has_the_documented_shape_and_valid_values() -> None:
@@ -127,14 +126,14 @@ def test_summary_has_the_documented_shape_and_valid_values() -> None:
     s = result.summary
     for key in ("num_requests", "duration_s", "throughput", "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "slo",
                 "kv_utilization", "preemptions", "cost", "goodput", "utilization"):
-        assert key in s
-    assert set(s["throughput"]) == {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"}
-    assert set(s["cost"]) >= {"usd_per_hour", "usd_per_million_output_tokens"}
-    assert s["slo"]["all_met"] is True and s["slo"]["requests_within_slo"] == 1.0
-    assert 0 < s["utilization"]["mfu"] < 1 and 0 < s["utilization"]["mbu"] < 1
-    assert s["ttft_s"]["p50"] <= s["ttft_s"]["p90"] <= s["ttft_s"]["p99"]
+        assert key in s.to_dict()
+    assert set(s.throughput.to_dict()) == {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"}
+    assert set(s.cost.to_dict()) >= {"usd_per_hour", "usd_per_million_output_tokens"}
+    assert s.slo.all_met is True and s.slo.requests_within_slo == 1.0
+    assert 0 < s.utilization.mfu < 1 and 0 < s.utilization.mbu < 1
+    assert s.ttft_s.p50 <= s.ttft_s.p90 <= s.ttft_s.p99
     # ITL from the histogram agrees with the per-request TPOT (they average the same gaps).
-    assert s["itl_s"]["mean"] == pytest.approx(s["tpot_s"]["mean"], rel=0.05)
+    assert s.itl_s.mean == pytest.approx(s.tpot_s.mean, rel=0.05)
     ts = result.timeseries
     assert len(ts) > 10 and ts["kv_utilization"].between(0, 1).all()
     # Tokens in flight: at least one per running request, and never more than the KV cache holds.
@@ -178,9 +177,9 @@ def test_a_million_requests_worth_of_memory_is_only_metric_rows() -> None:
 def test_duration_and_rates_are_consistent() -> None:
     result = simulate(SimConfig(**SMALL), load_workload("synthetic:num=50,input=100,output=10,rate=5"))
     s, df = result.summary, result.requests
-    assert s["duration_s"] == pytest.approx(df["finish_s"].max() - df["arrival_s"].min())
-    assert s["throughput"]["output_tokens_per_s"] == pytest.approx(500 / s["duration_s"])
-    assert math.isfinite(s["cost"]["usd_per_million_output_tokens"])
+    assert s.duration_s == pytest.approx(df["finish_s"].max() - df["arrival_s"].min())
+    assert s.throughput.output_tokens_per_s == pytest.approx(500 / s.duration_s)
+    assert math.isfinite(s.cost.usd_per_million_output_tokens)
 
 
 def test_a_finished_run_leaves_its_block_pools_to_reference_counting() -> None:
@@ -198,7 +197,7 @@ def test_a_finished_run_leaves_its_block_pools_to_reference_counting() -> None:
         alive = sum(isinstance(o, BlockManager) for o in gc.get_objects())
     finally:
         gc.enable()
-    assert result.summary["num_finished"] == 60
+    assert result.summary.num_finished == 60
     assert alive == 0
 
 
@@ -210,4 +209,4 @@ def test_a_workload_with_every_request_rejected_reports_each_one() -> None:
         result = simulate(config, load_workload("synthetic:num=12,input=500,output=500,rate=5"), workers=workers)
         assert (result.requests["status"] == "rejected").all() and len(result.requests) == 12
         assert result.requests["reason"].str.contains("exceeds max_model_len=256").all()
-        assert result.requests["ttft_s"].isna().all() and result.summary["throughput"]["requests_per_s"] == 0.0
+        assert result.requests["ttft_s"].isna().all() and result.summary.throughput.requests_per_s == 0.0

@@ -75,19 +75,19 @@ def test_a_stopped_run_gives_the_full_runs_verdict(replicas) -> None:
     full = simulate(config, load_workload(TRACE, seed=1))
     watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
     assert meets(watched.summary) == meets(full.summary)
-    if "stopped_early" in watched.summary:
-        assert watched.summary["num_finished"] < full.summary["num_finished"]
-        for key, bound in watched.summary["slo"]["measured"].items():
-            if not watched.summary["slo"]["met"][key] and key in watch_keys(watched):
-                assert full.summary["slo"]["measured"][key] >= bound > config.slo[key]
+    if watched.summary.stopped_early is not None:
+        assert watched.summary.num_finished < full.summary.num_finished
+        for key, bound in watched.summary.slo.measured.items():
+            if not watched.summary.slo.met[key] and key in watch_keys(watched):
+                assert full.summary.slo.measured[key] >= bound > config.slo[key]
     else:  # never stopped: the very same run
-        assert watched.summary["ttft_s"] == full.summary["ttft_s"]
-        assert watched.summary["num_finished"] == full.summary["num_finished"]
+        assert watched.summary.ttft_s == full.summary.ttft_s
+        assert watched.summary.num_finished == full.summary.num_finished
 
 
 def watch_keys(result) -> set:
     """The SLOs whose bound the stop reported (the others were measured over the finished requests)."""
-    return {k for k in ("ttft_p99", "e2e_p90", "tpot_p99") if k in result.summary["stopped_early"]}
+    return {k for k in ("ttft_p99", "e2e_p90", "tpot_p99") if k in result.summary.stopped_early}
 
 
 def test_a_tpot_limit_alone_stops_a_run_early_with_the_full_runs_verdict() -> None:
@@ -95,14 +95,14 @@ def test_a_tpot_limit_alone_stops_a_run_early_with_the_full_runs_verdict() -> No
     full = simulate(config, load_workload(TRACE, seed=1))
     watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
     assert not meets(full.summary) and not meets(watched.summary)
-    assert "tpot_p90" in watched.summary["stopped_early"]
-    assert full.summary["slo"]["measured"]["tpot_p90"] >= watched.summary["slo"]["measured"]["tpot_p90"] > 0.02
+    assert "tpot_p90" in watched.summary.stopped_early
+    assert full.summary.slo.measured["tpot_p90"] >= watched.summary.slo.measured["tpot_p90"] > 0.02
 
 
 def test_the_one_replica_case_does_stop_early() -> None:
     config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", replicas=1, slo={"ttft_p99": 1.5})
     watched = simulate(config, load_workload(TRACE, seed=1), stop_when_slo_missed=True)
-    assert "stopped_early" in watched.summary and not meets(watched.summary)
+    assert watched.summary.stopped_early is not None and not meets(watched.summary)
 
 
 def test_ttft_is_decided_at_first_tokens_and_counted_once() -> None:
@@ -130,5 +130,5 @@ def test_a_stopped_run_told_first_tokens_decides_before_any_finish_could() -> No
     watched = simulate(config, workload, stop_when_slo_missed=True)
     assert not meets(full.summary) and not meets(watched.summary)
     needed = len(workload) - int(0.9 * (len(workload) - 1))  # values over the limit that decide p90
-    assert watched.summary["num_finished"] < needed
-    assert full.summary["slo"]["measured"]["ttft_p90"] >= watched.summary["slo"]["measured"]["ttft_p90"] > 1.0
+    assert watched.summary.num_finished < needed
+    assert full.summary.slo.measured["ttft_p90"] >= watched.summary.slo.measured["ttft_p90"] > 1.0

@@ -26,30 +26,30 @@ def test_every_request_gets_exactly_its_tokens_and_runs_are_deterministic() -> N
     a, b = run(LIGHT, **knobs), run(LIGHT, **knobs)
     assert (a.requests["status"] == "finished").all()
     assert (a.requests["output_tokens"] == 128).all()
-    assert a.requests.equals(b.requests) and a.summary["speculation"] == b.summary["speculation"]
+    assert a.requests.equals(b.requests) and a.summary.speculation == b.summary.speculation
 
 
 def test_full_acceptance_emits_gamma_plus_one_tokens_per_step_and_cuts_tpot() -> None:
     plain = run(LIGHT)
     spec = run(LIGHT, speculative="ngram", num_speculative_tokens=3, acceptance=1.0)
-    stats = spec.summary["speculation"]
-    assert stats["acceptance_rate"] == 1.0
-    assert stats["mean_accepted_per_verification"] == pytest.approx(3.0, abs=0.1)  # max_tokens trims a few
-    assert spec.summary["tpot_s"]["mean"] < plain.summary["tpot_s"]["mean"] / 2.5
+    stats = spec.summary.speculation
+    assert stats.acceptance_rate == 1.0
+    assert stats.mean_accepted_per_verification == pytest.approx(3.0, abs=0.1)  # max_tokens trims a few
+    assert spec.summary.tpot_s.mean < plain.summary.tpot_s.mean / 2.5
 
 
 def test_acceptance_sets_the_gain_and_zero_acceptance_costs() -> None:
-    tpot = {alpha: run(LIGHT, speculative="ngram", num_speculative_tokens=4, acceptance=alpha).summary["tpot_s"]["mean"]
+    tpot = {alpha: run(LIGHT, speculative="ngram", num_speculative_tokens=4, acceptance=alpha).summary.tpot_s.mean
             for alpha in (0.0, 0.4, 0.8)}
-    plain = run(LIGHT).summary["tpot_s"]["mean"]
+    plain = run(LIGHT).summary.tpot_s.mean
     assert tpot[0.8] < tpot[0.4] < plain < tpot[0.0]  # verifying drafts that all fail only adds work
 
 
 def test_a_draft_model_costs_time_and_memory() -> None:
     ngram = run(FULL, speculative="ngram", num_speculative_tokens=4, acceptance=0.7)
     draft = run(FULL, speculative="draft", num_speculative_tokens=4, acceptance=0.7, draft_model="llama-2-7b")
-    assert draft.summary["speculation"]["draft_time_s"] > 0 == ngram.summary["speculation"]["draft_time_s"]
-    assert draft.summary["duration_s"] > ngram.summary["duration_s"]
+    assert draft.summary.speculation.draft_time_s > 0 == ngram.summary.speculation.draft_time_s
+    assert draft.summary.duration_s > ngram.summary.duration_s
     assert draft.memory.num_blocks < ngram.memory.num_blocks  # draft weights and its KV share the GPUs
 
 
@@ -95,7 +95,7 @@ def test_requests_that_differ_in_acceptance_finish_a_batch_later_than_pooled_rat
     a = run(FULL, acceptance_file=str(pooled), **knobs)
     b = run(FULL, acceptance_file=str(mixed), **knobs)
     assert (b.requests["output_tokens"] == 128).all()
-    assert b.summary["duration_s"] > a.summary["duration_s"]
+    assert b.summary.duration_s > a.summary.duration_s
     # The mixture's TPOTs split in two: requests at rate 1 take a step per 4 tokens, at rate 0 one per token.
     tpot = b.requests["tpot_s"].sort_values().to_numpy()
     assert tpot[-1] > 2.5 * tpot[0]

@@ -32,7 +32,7 @@ def test_bulk_decode_runs_equal_step_by_step(spec, knobs) -> None:
     assert_same_simulation(bulk, stepwise, ("ttft_s", "tpot_s", "e2e_s", "throughput", "preemptions", "time_split_s",
                                             "prefix_cache_hit_rate"))
     if "num_gpu_blocks" in knobs:
-        assert bulk.summary["preemptions"] > 0  # the case meant to exercise preemption does
+        assert bulk.summary.preemptions > 0  # the case meant to exercise preemption does
 
 
 PROFILED_SPEC = "synthetic:num=80,input=uniform(10,200),output=uniform(5,150),rate=200"
@@ -74,8 +74,8 @@ def test_bulk_decode_runs_equal_step_by_step_when_requests_fill_identical_blocks
     bulk = simulate(config, make_workload("same", rows, segment_tokens=16))
     stepwise = simulate(config, make_workload("same", rows, segment_tokens=16), bulk_decodes=False)
     pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
-    assert bulk.summary["prefix_cache_hit_rate"] == pytest.approx(stepwise.summary["prefix_cache_hit_rate"])
-    assert bulk.summary["prefix_cache_hit_rate"] > 0
+    assert bulk.summary.prefix_cache_hit_rate == pytest.approx(stepwise.summary.prefix_cache_hit_rate)
+    assert bulk.summary.prefix_cache_hit_rate > 0
 
 
 def test_a_run_timed_piecewise_has_the_step_by_step_end_times() -> None:

@@ -88,31 +88,32 @@ def run(blocks: int, offload_gb: float = 0.0, hardware_file: str | None = None, 
 def test_a_tier_that_is_never_needed_changes_nothing() -> None:
     roomy = run(8000)  # every prompt stays on the GPU
     with_tier = run(8000, offload_gb=100)
-    assert with_tier["kv_offload"]["offloaded_blocks"] == 0 and with_tier["kv_offload"]["loaded_blocks"] == 0
-    assert with_tier["ttft_s"] == roomy["ttft_s"] and with_tier["e2e_s"] == roomy["e2e_s"]
-    assert roomy["kv_offload"] is None
+    assert with_tier.kv_offload.offloaded_blocks == 0 and with_tier.kv_offload.loaded_blocks == 0
+    assert with_tier.ttft_s == roomy.ttft_s and with_tier.e2e_s == roomy.e2e_s
+    assert roomy.kv_offload is None
 
 
 def test_a_tier_serves_prefixes_the_gpu_evicted_and_a_slower_link_costs_more(tmp_path) -> None:
     small = run(700)  # room for a few of the 40 prompts: most are evicted before their user returns
     tier = run(700, offload_gb=100)
-    assert tier["kv_offload"]["loaded_blocks"] > 0 and tier["kv_offload"]["load_s"] > 0
-    assert tier["prefix_cache_hit_rate"] > small["prefix_cache_hit_rate"] + 0.2
-    assert tier["ttft_s"]["mean"] < small["ttft_s"]["mean"]
+    assert tier.kv_offload.loaded_blocks > 0 and tier.kv_offload.load_s > 0
+    assert tier.prefix_cache_hit_rate > small.prefix_cache_hit_rate + 0.2
+    assert tier.ttft_s.mean < small.ttft_s.mean
     # The same on a slower host link: the same hits, more time loading them, never a lower TTFT.
     slow = tmp_path / "slow.yaml"
     slow.write_text("a100-80gb:\n  name: A100 on a slow host link\n  vendor: nvidia\n  memory_gb: 80\n"
                     "  memory_bandwidth_gbps: 2039\n  peak_tflops: {bf16: 312, fp16: 312, int8: 624, fp32: 19.5}\n"
                     "  interconnect_gbps: 600\n  link: nvlink\n  host_link_gbps: 2\n")
     slower = run(700, offload_gb=100, hardware_file=str(slow))
-    assert slower["kv_offload"]["load_s"] > 10 * tier["kv_offload"]["load_s"]
-    assert slower["ttft_s"]["mean"] >= tier["ttft_s"]["mean"]
+    assert slower.kv_offload.load_s > 10 * tier.kv_offload.load_s
+    assert slower.ttft_s.mean >= tier.ttft_s.mean
 
 
 def test_bulk_decode_runs_decide_as_single_steps_with_a_tier() -> None:
     bulk, single = run(700, offload_gb=100), run(700, offload_gb=100, bulk_decodes=False)
-    assert bulk["kv_offload"] == single["kv_offload"]
-    assert bulk["ttft_s"] == pytest.approx(single["ttft_s"]) and bulk["e2e_s"] == pytest.approx(single["e2e_s"])
+    assert bulk.kv_offload == single.kv_offload
+    assert bulk.ttft_s.to_dict() == pytest.approx(single.ttft_s.to_dict())
+    assert bulk.e2e_s.to_dict() == pytest.approx(single.e2e_s.to_dict())
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -93,7 +93,7 @@ def test_exact_keys_simulate_what_token_hashing_simulates(spec, knobs) -> None:
     assert_same_simulation(keyed, hashed, ("preemptions", "prefix_cache_hit_rate", "ttft_s", "e2e_s"))
     # Each case reuses cached blocks: shared prefixes hit them, and a preempted request's
     # readmission finds its own (which its cached-prompt-token count leaves out, as vLLM's does).
-    assert keyed.summary["prefix_cache_hit_rate"] > 0 or keyed.summary["preemptions"] > 0
+    assert keyed.summary.prefix_cache_hit_rate > 0 or keyed.summary.preemptions > 0
 
 
 def test_exact_keys_on_identical_prompts_that_decode_identical_blocks() -> None:
@@ -105,4 +105,4 @@ def test_exact_keys_on_identical_prompts_that_decode_identical_blocks() -> None:
     keyed = simulate(config, make_workload("same", rows, segment_tokens=24))
     hashed = simulate(config, make_workload("same", rows, segment_tokens=24), exact_block_keys=False)
     pd.testing.assert_frame_equal(keyed.requests, hashed.requests, check_exact=False, rtol=1e-12)
-    assert keyed.summary["preemptions"] == hashed.summary["preemptions"] > 0
+    assert keyed.summary.preemptions == hashed.summary.preemptions > 0
