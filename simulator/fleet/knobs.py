@@ -82,7 +82,8 @@ def knob_extra(info) -> dict:
 
 
 class Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a group's validator is made when first used, not on import (the CLI's start).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     deployment: ClassVar[bool] = True  # its fields describe the server (see the module's docstring)
 
 
@@ -104,8 +105,8 @@ class Parallelism(Group):
     pp: int = knob(1, "pipeline-parallel stages per replica", ge=1, le=64)
     # Context parallelism (simulator/cost/context_parallel.py): the weights on every rank.
     cp: int = knob(1, "context-parallel ranks per replica, each a TP group: a replica uses tp x pp x cp GPUs, each "
-                      "sequence's KV split over the ranks (cp x the KV tokens), prefills by ring attention; with "
-                      "--disaggregate both pools' unless --prefill-cp", ge=1, le=64)
+                      "sequence's KV split over the ranks (cp x the KV tokens), prefills by ring attention",
+                   ge=1, le=64)
     # Mixture-of-experts models (simulator/cost/moe.py).
     expert_parallel: bool = knob(False, "MoE models: whole experts per TP rank with all-to-all, instead of a slice "
                                         "of every expert")
@@ -150,15 +151,15 @@ class SchedulerLimits(Group):
                                            "context, capped at what the KV cache holds)", ge=2)
     enable_chunked_prefill: bool = knob(True, "split long prompts over steps to fit the token budget",
                                         flag="chunked-prefill")
-    scheduler: SchedulerKind = knob("continuous", "continuous or static batching")
+    scheduler: SchedulerKind = knob("continuous", "how requests are batched (continuous: at every step)")
 
 
 class RunSettings(Group):
     """The run's own settings: the targets it is judged on, its randomness, its sampling."""
 
     deployment: ClassVar[bool] = False
-    slo: dict[str, float] = knob(description="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms (in Python a dict, "
-                                             "{'ttft_p99': 2.0, 'tpot_p99': 0.1})", default_factory=dict,
+    slo: dict[str, float] = knob(description="the SLOs the run is judged on, e.g. ttft_p99=2s,tpot_p99=100ms (a dict "
+                                             "{'ttft_p99': 2.0, ...} in Python)", default_factory=dict,
                                  replayed=False)
     seed: int = knob(0, "seed of the trace's random draws and the simulation's")
     timeseries_interval_s: float | None = knob(None, "seconds between time-series samples (default: 400 samples "
