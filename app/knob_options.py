@@ -92,26 +92,15 @@ def declared(name: str):
 
 class Knobs(dict):
     """The knobs a command was given: field -> value (a file as a string, as SimConfig takes it).
-    params: field -> its option's parameter name, for ctx.get_parameter_source."""
+    params: field -> its option's parameter name (--chunked-prefill: chunked_prefill)."""
 
     def __init__(self, values: dict, params: dict[str, str]):
         super().__init__(values)
         self.params = params
 
-    def flag(self, name: str) -> str:
-        return "--" + self.params[name].replace("_", "-")
-
-    def given(self, ctx: typer.Context) -> list[str]:
-        """The fields set on the command line (not left at their defaults)."""
-        # By name: typer carries its own copy of click's ParameterSource.
-        return [f for f, p in self.params.items() if getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE"]
-
     def changed(self) -> dict:
-        """The knobs whose values are not SimConfig's defaults."""
-        from simulator.fleet.sim_config import SimConfig
-
-        fields = SimConfig.model_fields
-        return {k: v for k, v in self.items() if v != fields[k].get_default(call_default_factory=True)}
+        """The knobs whose values are not their declared defaults."""
+        return {k: v for k, v in self.items() if v != declared(k).get_default(call_default_factory=True)}
 
     def of(self, group: type):
         """The group's fields as a group object (those not taken: the declared defaults), checked by
@@ -124,26 +113,23 @@ def takes(*option_sets: Options):
     per field (inspect.signature, made here), the command gets `knobs`, a Knobs of their values."""
     def decorate(command):
         own = inspect.signature(command, eval_str=True).parameters
-        made, fields = [], {}
+        made, params = [], {}  # the options; field -> parameter name
         for options in option_sets:
             for name in options.fields:
-                parameter = options.parameter(name)
-                made.append(parameter)
-                fields[parameter.name] = (name, parameter.annotation)
+                made.append(options.parameter(name))
+                params.setdefault(name, made[-1].name)
         parameters = []
         for p in own.values():
             parameters.extend(made if p.name == "knobs" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
         names = [p.name for p in parameters]
-        if "knobs" not in own or len(set(names)) != len(names):
-            raise TypeError(f"{command.__name__}: a `knobs` parameter and no option twice, got {names}")
+        if "knobs" not in own or len(set(names)) != len(names) or len(params) != len(made):
+            raise TypeError(f"{command.__name__}: a `knobs` parameter, and no option or knob twice: {names}")
 
         @functools.wraps(command)
         def run(**kwargs):
-            values = {}
-            for param, (name, annotation) in fields.items():
-                value = kwargs.pop(param)
-                values[name] = str(value) if isinstance(value, Path) else value
-            return command(**kwargs, knobs=Knobs(values, {name: param for param, (name, _) in fields.items()}))
+            values = {name: kwargs.pop(param) for name, param in params.items()}
+            values = {name: str(v) if isinstance(v, Path) else v for name, v in values.items()}
+            return command(**kwargs, knobs=Knobs(values, params))
 
         del run.__wrapped__  # typer reads the signature below, not the command's
         run.__signature__ = inspect.Signature(parameters)

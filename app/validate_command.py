@@ -115,7 +115,8 @@ def validate_command(
         setup = ValidationSetup(model=model or DEMO_MODEL, num_requests=num_requests,
                                 lengths_file=str(lengths) if lengths else None, length_scale=length_scale,
                                 max_total_tokens=max_total_tokens, num_blocks=knobs["num_gpu_blocks"],
-                                max_num_seqs=knobs["max_num_seqs"], max_num_batched_tokens=knobs["max_num_batched_tokens"],
+                                max_num_seqs=knobs["max_num_seqs"],
+                                max_num_batched_tokens=knobs["max_num_batched_tokens"],
                                 block_size=knobs["block_size"], device=device,
                                 dtype=dtype, seed=seed, threads=threads or None,
                                 calibration_requests=calibration_requests, repeats=repeats, speed_probe=speed_probe)
