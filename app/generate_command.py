@@ -12,6 +12,7 @@ from rich.table import Table
 
 from app import engine_flags as flags
 from app.common import dumps, fail, progress_bar, wide_console
+from app.knob_options import Knobs, takes
 
 
 def parse_rate(text: str) -> float:
@@ -24,6 +25,7 @@ def parse_rate(text: str) -> float:
     return rate
 
 
+@takes(*flags.KNOBS)
 def generate_command(
     model: Optional[Path] = typer.Option(None, help="HF config.json (random weights) or a local model directory "
                                                     "with safetensors; default: a small bundled Llama config"),
@@ -32,10 +34,8 @@ def generate_command(
     lengths: Optional[Path] = typer.Option(None, help="CSV of prompt_tokens,output_tokens (default: bundled ShareGPT sample)"),
     length_scale: float = typer.Option(1 / 8, help="multiply trace lengths by this (fit a CPU / small model)"),
     max_total_tokens: int = typer.Option(512, help="cap prompt+output per request"),
-    block_size: int = flags.BLOCK_SIZE, num_blocks: Optional[int] = flags.NUM_BLOCKS,
-    max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
-    prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
-    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
+    knobs: Knobs = None,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
     quant_kernel: Optional[str] = flags.QUANT_KERNEL,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
@@ -53,9 +53,8 @@ def generate_command(
     rate_per_s = parse_rate(rate)
     try:
         workload = DemoWorkload(num_requests, rate_per_s, length_scale, max_total_tokens, seed)
-        config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
-                                     chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, quant_kernel=quant_kernel, seed=seed, context_parallel_size=cp,
+        config = flags.engine_config(knobs, device, dtype, quantization, quant_group_size, kv_cache_dtype,
+                                     quant_kernel=quant_kernel, seed=seed,
                                      max_model_len=max_total_tokens if model is None else None)
         engine, _ = build_engine(model, config, seed)
         requests = demo_requests(workload, engine.model_config.vocab_size, lengths or BUNDLED_LENGTHS)
@@ -70,9 +69,9 @@ def generate_command(
     summary = summarize(outputs)
     summary["engine"] = {"model": str(model or "bundled demo llama (random weights)"),
                          "parameters": engine.model_config.num_parameters(), "device": device, "dtype": dtype,
-                         "kv_blocks": engine.cache_config.num_blocks, "block_size": block_size,
-                         "steps": engine.num_steps, "tensor_parallel_size": tp,
-                         "context_parallel_size": cp, "quantization": quantization,
+                         "kv_blocks": engine.cache_config.num_blocks, "block_size": config.block_size,
+                         "steps": engine.num_steps, "tensor_parallel_size": config.tensor_parallel_size,
+                         "context_parallel_size": config.context_parallel_size, "quantization": quantization,
                          "quant_kernels": sorted(set(engine.model.quant_kernels().values())),
                          "kv_cache_dtype": kv_cache_dtype}
     load = engine.expert_load()

@@ -11,6 +11,8 @@ import typer
 from pydantic import ValidationError
 
 from app.common import fail, jsonable, progress_bar, validation_message
+from app.knob_options import Knobs, Options, takes
+from simulator.fleet.knobs import EngineChoice, Fleet, KVCache, Parallelism, SchedulerLimits
 
 from app import plan_defaults
 from app.plan_output import NO_ANSWER, plan_document, print_plan, reproduce_command, simulate_recommended
@@ -42,6 +44,12 @@ def parse_speculation(text: str) -> dict:
                      "(e.g. draft:4:0.7:llama-2-7b)")
 
 
+# Knobs every candidate shares (the grid's own axes are the options above and below).
+KNOBS = (Options(Parallelism, only=("routing_skew",)), Options(EngineChoice), Options(Fleet, only=("router",)),
+         Options(SchedulerLimits), Options(KVCache))
+
+
+@takes(*KNOBS)
 def plan_command(
     model: str = typer.Option(plan_defaults.MODEL, help="catalog model id or an HF config.json path"),
     trace: Optional[str] = typer.Option(None, help="trace (as in simulate); default: 400 requests of the bundled "
@@ -64,9 +72,7 @@ def plan_command(
                                       "(0: none), e.g. 0,256: worth it where prompts share long prefixes"),
     disaggregate: str = typer.Option("none", help="candidate prefill/decode splits: none (co-located) or P:D ratios, "
                                      "e.g. none,1:1,1:3 (a fleet of n is n x P prefill and n x D decode replicas)"),
-    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
-    engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or servecast"),
-    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
+    knobs: Knobs = None,
     growth: str = typer.Option(",".join(f"{g:g}" for g in plan_defaults.GROWTH),
                                help="traffic growth factors to plan for, e.g. 1,2,4"),
     max_replicas: int = typer.Option(256, help="give up on a candidate beyond this many replicas"),
@@ -119,10 +125,12 @@ def plan_command(
         if any(g <= 0 for g in factors):
             raise ValueError("--growth factors must be positive")
         workload = load_workload(trace or plan_defaults.trace(), seed=seed)
-        knobs = {"routing_skew": routing_skew} if routing_skew else {}
-        if engine is not None or engine_file is not None:
-            knobs.update(engine=engine, engine_file=str(engine_file) if engine_file else None)
-        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed, knobs=knobs)
+        for options in KNOBS:
+            knobs.of(options.group)  # a bad value fails here, named by its flag
+        shared = knobs.changed()  # only what differs from SimConfig's defaults: a plan's digest as before
+        if shared.keys() & EngineChoice.model_fields.keys():  # an engine choice travels whole
+            shared.update({name: knobs[name] for name in EngineChoice.model_fields})
+        spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed, knobs=shared)
         engines = {}
         for c in candidates:  # bad ids and values fail here, in one line, before any simulation
             try:
@@ -137,12 +145,16 @@ def plan_command(
             result = run_plan(spec, candidates, factors, workers, store,
                               progress=lambda done, total: progress.update(task, completed=done),
                               executor=executor, address=address)
+    except ValidationError as exc:
+        fail(validation_message(exc))
     except ValueError as exc:
         fail(str(exc))
     command = reproduce_command(model=model, trace=trace or plan_defaults.trace(), slo=slo, hardware=",".join(hardware_ids),
                                 quant=quant, tp=tp, pp=pp, cp=cp, speculation=speculation,
                                 expert_parallel=expert_parallel,
-                                kv_offload_gb=kv_offload_gb, disaggregate=disaggregate, routing_skew=routing_skew, engine=engine, engine_file=engine_file, growth=growth,
+                                kv_offload_gb=kv_offload_gb, disaggregate=disaggregate,
+                                **{knobs.params[name]: value for name, value in knobs.changed().items()},
+                                growth=growth,
                                 max_replicas=max_replicas, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())
     if out is not None:

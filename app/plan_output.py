@@ -24,7 +24,8 @@ def reproduce_command(**options) -> str:
     for name, value in options.items():
         if value is None or (name == "routing_skew" and not value):
             continue
-        words += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        words += [f"--{flag}"] if value is True else [f"--no-{flag}"] if value is False else [f"--{flag}", str(value)]
     return shlex.join(words)
 
 

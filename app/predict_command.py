@@ -3,35 +3,34 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from app.common import fail, wide_console
+from app.common import fail, validation_message, wide_console
+from app.knob_options import Knobs, Options, takes
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import step_cost
+from simulator.fleet.knobs import EngineChoice, Parallelism, SchedulerLimits, Served
 
 
+# The knobs one forward pass's time depends on: what runs where, its sharding, the engine whose
+# additions it carries and that engine's limits (which CUDA-graph sizes it captures).
+KNOBS = (Options(Served), Options(Parallelism, only=("tp", "expert_parallel", "routing_skew")), Options(EngineChoice),
+         Options(SchedulerLimits, only=("max_num_seqs", "max_num_batched_tokens"),
+                 notes={"max_num_seqs": "the CUDA-graph sizes the server captures follow it",
+                        "max_num_batched_tokens": "likewise"}))
+
+
+@takes(*KNOBS)
 def predict_command(
-    hardware: str = typer.Option(..., help="catalog hardware id (e.g. h100-sxm) or a profiled local device"),
-    model: str = typer.Option(..., help="catalog model id or HF config.json path"),
+    knobs: Knobs = None,
     tokens: int = typer.Option(512, help="prefill: one sequence of this many tokens"),
     decode_batch: int = typer.Option(0, help="instead: this many decodes ..."),
     context: int = typer.Option(1024, help="... each at this context length"),
-    tp: int = typer.Option(1, help="tensor-parallel degree"),
     dtype: str = typer.Option("bf16"),
-    profile_path: Optional[Path] = typer.Option(None, "--profile", help="a profile of this hardware"),
-    hardware_file: Optional[Path] = typer.Option(None, help="extra hardware YAML"),
-    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank"),
-    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
-    engine: Optional[str] = typer.Option(None, help="serving engine: vllm-v0.15 (default on catalog GPUs) or "
-                                         "servecast (kernels alone on catalog GPUs)"),
-    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs"),
-    max_num_seqs: int = typer.Option(256, help="the server's limit (which CUDA-graph sizes it captures)"),
-    max_num_batched_tokens: int = typer.Option(8192, help="the server's token budget (likewise)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
@@ -39,25 +38,27 @@ def predict_command(
     from calibrate.fitting.device import load_cost_model
     from simulator.cost.types import Chunk
 
+    hardware, tp = knobs["hardware"], knobs["tp"]
     try:
-        spec = load_model(model)
-        if tp < 1 or spec.num_heads % tp != 0:
+        parallel, served, limits = knobs.of(Parallelism), knobs.of(Served), knobs.of(SchedulerLimits)
+        spec = load_model(served.model)
+        if spec.num_heads % tp != 0:
             raise ValueError(f"--tp {tp} must divide the model's {spec.num_heads} attention heads")
         if tokens < 1 or decode_batch < 0 or context < 1:
             raise ValueError("--tokens and --context must be positive, --decode-batch non-negative")
-        if expert_parallel:
+        if parallel.expert_parallel:
             spec.check_expert_parallel(tp)
-        if routing_skew < 0:
-            raise ValueError("--routing-skew must be >= 0 (0: uniform)")
         from simulator.catalog.engines import load_engine
 
-        device = load_cost_model(hardware, profile=profile_path, hardware_file=hardware_file)
-        cost_model = device.with_engine(load_engine(engine, engine_file, device.accelerator.profiled), max_num_seqs,
-                                        max_num_batched_tokens)
+        device = load_cost_model(hardware, profile=served.profile, hardware_file=served.hardware_file)
+        cost_model = device.with_engine(load_engine(knobs["engine"], knobs["engine_file"], device.accelerator.profiled),
+                                        limits.max_num_seqs, limits.max_num_batched_tokens)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
         # The simulator's own step for this shape (its default block size: the engine's padded decodes).
-        shape = ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=expert_parallel, routing_skew=routing_skew)
-        step = step_cost(cost_model, shape, chunks)
+        step = step_cost(cost_model, ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=parallel.expert_parallel,
+                                                  routing_skew=parallel.routing_skew), chunks)
+    except ValidationError as exc:
+        fail(validation_message(exc))
     except ValueError as exc:
         fail(str(exc))
     result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype, "engine": cost_model.engine.id,

@@ -12,8 +12,10 @@ import typer
 
 from app import engine_flags as flags
 from app.common import fail
+from app.knob_options import Knobs, takes
 
 
+@takes(*flags.KNOBS)
 def serve_command(
     model: str = typer.Option("demo", help="'demo' (a small bundled Llama, random weights), an HF config.json "
                                            "(random weights) or a local model folder with safetensors"),
@@ -26,11 +28,9 @@ def serve_command(
     max_queued_requests: Optional[int] = typer.Option(None, help="requests waiting beyond this get 429 with "
                                                                  "Retry-After (default: no limit)"),
     grace_period: float = typer.Option(30.0, help="on SIGTERM, seconds to let requests in flight finish"),
-    block_size: int = flags.BLOCK_SIZE, num_blocks: Optional[int] = flags.NUM_BLOCKS,
-    max_num_seqs: int = flags.MAX_NUM_SEQS, max_num_batched_tokens: int = flags.MAX_NUM_BATCHED_TOKENS,
+    knobs: Knobs = None,
     max_model_len: Optional[int] = typer.Option(None, help="default: the model's context, 1024 for demo"),
-    prefix_caching: bool = flags.PREFIX_CACHING, chunked_prefill: bool = flags.CHUNKED_PREFILL,
-    device: str = flags.DEVICE, dtype: str = flags.DTYPE, tp: int = flags.TP, cp: int = flags.CP,
+    device: str = flags.DEVICE, dtype: str = flags.DTYPE,
     quantization: Optional[str] = flags.QUANTIZATION, quant_group_size: int = flags.QUANT_GROUP_SIZE,
     quant_kernel: Optional[str] = flags.QUANT_KERNEL,
     kv_cache_dtype: Optional[str] = flags.KV_CACHE_DTYPE,
@@ -64,10 +64,8 @@ def serve_command(
         text = load_tokenizer(tokenizer)
         if hardware is not None:
             get_accelerator(hardware)  # a catalog id, or a clear error naming the ids
-        config = flags.engine_config(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching,
-                                     chunked_prefill, device, dtype, tp, quantization, quant_group_size,
-                                     kv_cache_dtype, quant_kernel=quant_kernel, max_model_len=max_model_len, seed=seed,
-                                     context_parallel_size=cp)
+        config = flags.engine_config(knobs, device, dtype, quantization, quant_group_size, kv_cache_dtype,
+                                     quant_kernel=quant_kernel, max_model_len=max_model_len, seed=seed)
         client = EngineClient(functools.partial(build_engine, model, config, seed, threads), metrics)
         facts = client.facts
         # What the simulator needs to replay this server: GET /v1/models reports it (servecast replay records it).
@@ -75,7 +73,7 @@ def serve_command(
                                        hardware)
     except ValueError as exc:
         fail(str(exc))
-    print(f"servecast serve: {facts.described}, {facts.cache_config.num_blocks} KV blocks of {block_size}, "
+    print(f"servecast serve: {facts.described}, {facts.cache_config.num_blocks} KV blocks of {config.block_size}, "
           f"max_model_len {client.max_model_len}, tokenizer {text.name}; "
           f"OpenAI API at http://{host}:{port}/v1 as {name!r}", file=sys.stderr, flush=True)
     state = ServerState(client, text, name, metrics, max_queued_requests, deployment)

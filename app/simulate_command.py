@@ -14,6 +14,8 @@ from rich.table import Table
 
 from app import labels
 from app.common import console, dumps, fail, progress_bar, validation_message, wide_console
+from app.knob_options import Knobs, Options, takes
+from simulator.fleet.knobs import GROUPS, Served, knob_extra
 
 
 def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1):
@@ -89,17 +91,19 @@ def print_summary(summary) -> None:
         out.print(f"rejected {count}: {reason}")
 
 
-# What --replay takes from the replay folder instead of the command line.
-FROM_REPLAY = ("model", "trace", "tp", "pp", "cp", "replicas", "quant", "kv_dtype", "activation_dtype", "block_size",
-               "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
-               "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
-               "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile",
-               "expert_parallel", "routing_skew", "kv_offload_gb", "disaggregate", "prefill_hardware", "prefill_tp",
-               "prefill_quant", "prefill_cp", "kv_transfer_gbps", "kv_transfer_latency_s")
+# Every knob of every group (simulator/fleet/knobs.py) is an option; --model and --hardware may be
+# left out for --replay.
+OPTIONS = tuple(Options(group, defaults={"model": None, "hardware": None} if group is Served else {})
+                for group in GROUPS)
+# What --replay takes from the replay folder instead of the command line: the trace and every knob
+# a replay records; those declared replayed=False stay the command line's.
+KEPT_ON_REPLAY = tuple(name for options in OPTIONS for name in options.fields
+                       if knob_extra(options.group.model_fields[name]).get("replayed", True) is False)
+FROM_REPLAY = ("trace", "rate_scale", *(options.flag(name).replace("-", "_") for options in OPTIONS
+                                         for name in options.fields if name not in KEPT_ON_REPLAY))
 
 
-def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile: Path | None,
-                 hardware_file: Path | None, slo: str, engine: str | None, engine_file: Path | None):
+def replay_setup(ctx: typer.Context, folder: Path, knobs: Knobs):
     """(config, trace, rate scale) of what a replay folder sent, on the server it ran against;
     ValueError for flags the replay already sets."""
     from calibrate.runs.sources import replay_config
@@ -111,74 +115,24 @@ def replay_setup(ctx: typer.Context, folder: Path, hardware: str | None, profile
                          + ", ".join(f"--{name.replace('_', '-')}" for name in given))
     replayed = read_replay(folder)
     targets = replayed.summary.slo.targets if replayed.summary.slo is not None else {}
-    # --hardware and --profile, where given, stand in for the recorded ones: the replay on another device.
-    optional = {"engine_file": engine_file, "hardware_file": hardware_file, "hardware": hardware, "profile": profile}
-    config = replay_config(replayed, slo=slo or targets, engine=engine,
-                           **{k: str(v) for k, v in optional.items() if v is not None})
+    # The knobs a replay leaves to the command line, where given: --hardware and --profile stand in
+    # for the recorded ones (the replay on another device), --slo for its targets.
+    own = {name: knobs[name] for name in KEPT_ON_REPLAY if knobs[name] not in (None, "")}
+    config = replay_config(replayed, **{**own, "slo": own.get("slo") or targets})
     return config, replayed.info.trace, replayed.info.rate_scale
 
 
+@takes(*OPTIONS)
 def simulate_command(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, help="catalog model id (llama-3.1-8b, ...) or an HF config.json path"),
-    hardware: Optional[str] = typer.Option(None, help="catalog hardware id (a100-80gb, h100-sxm, ...) or cpu-local "
-                                           "with --profile"),
     trace: Optional[str] = typer.Option(None, help="trace file (Azure/Vidur CSV, Mooncake JSONL, lengths CSV,rate=R) "
                                         "or synthetic:num=N,input=I,output=O,rate=R"),
     replay: Optional[Path] = typer.Option(None, help="instead of --model/--trace and the fleet flags: simulate what a "
                                           "replay folder (servecast replay --out) sent, on the server it recorded "
                                           "(--hardware / --profile: on another device); then servecast compare the "
                                           "two summaries"),
-    tp: int = typer.Option(1), pp: int = typer.Option(1), replicas: int = typer.Option(1),
-    cp: int = typer.Option(1, help="context-parallel ranks per replica, each a TP group: a replica uses tp x pp x cp "
-                           "GPUs, each sequence's KV split over the ranks (cp x the KV tokens), prefills by ring "
-                           "attention"),
-    quant: str = typer.Option("bf16", help="weight precision: bf16, fp16, fp8, int8, int4"),
-    kv_dtype: str = typer.Option("auto", help="KV-cache precision: auto, bf16, fp8, int8"),
-    activation_dtype: str = typer.Option("auto", help="what GEMMs compute in: auto (bf16 under int8/int4 "
-                                         "weights, fp8 with fp8), fp32 (servecast's CPU engine), bf16, fp16, fp8"),
-    block_size: int = typer.Option(16), max_num_seqs: int = typer.Option(256),
-    max_num_batched_tokens: int = typer.Option(8192), max_model_len: Optional[int] = typer.Option(None),
-    gpu_memory_utilization: float = typer.Option(0.9),
-    num_gpu_blocks: Optional[int] = typer.Option(None, help="KV blocks per replica instead of planning memory"),
-    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill"),
-    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
-    scheduler: str = typer.Option("continuous", help="continuous or static batching"),
-    router: str = typer.Option("round_robin", help="round_robin, least_outstanding_tokens, prefix_affinity"),
-    slo: str = typer.Option("", help="e.g. ttft_p99=2s,tpot_p99=100ms"),
+    knobs: Knobs = None,
     rate_scale: float = typer.Option(1.0, help="multiply the trace's arrival rate"),
-    profile: Optional[Path] = typer.Option(None, help="a servecast profile of the hardware (for *-local devices)"),
-    hardware_file: Optional[Path] = typer.Option(None, help="YAML with extra accelerators"),
-    seed: int = typer.Option(0),
-    speculative: Optional[str] = typer.Option(None, help="speculative decoding: ngram or draft"),
-    num_speculative_tokens: int = typer.Option(0, help="draft tokens per verification (1..8)"),
-    acceptance: Optional[float] = typer.Option(None, help="probability a draft is accepted given the earlier ones"),
-    acceptance_file: Optional[Path] = typer.Option(None, help="measured acceptance.json (servecast train-pair)"),
-    draft_model: Optional[str] = typer.Option(None, help="the draft's catalog id or config.json (--speculative draft)"),
-    draft_profile: Optional[Path] = typer.Option(None, help="a profile of the draft on this hardware (*-local devices)"),
-    expert_parallel: bool = typer.Option(False, "--expert-parallel", help="MoE models: whole experts per TP rank "
-                                         "with all-to-all, instead of a slice of every expert"),
-    routing_skew: float = typer.Option(0.0, help="MoE router imbalance: 0 uniform, s > 0 Zipf shares 1/(e+1)^s"),
-    kv_offload_gb: float = typer.Option(0.0, help="GB of host memory per replica for a CPU tier of the prefix "
-                                        "cache: evicted blocks move there and load back over the host link on a hit"),
-    disaggregate: Optional[str] = typer.Option(None, help="P:D, e.g. 2:6: a pool of P prefill replicas and one of D "
-                                               "decode replicas (instead of --replicas); each prompt's KV is sent "
-                                               "from its prefill replica to a decode replica"),
-    prefill_hardware: Optional[str] = typer.Option(None, help="--disaggregate: the prefill pool's accelerator "
-                                                   "(default: --hardware)"),
-    prefill_tp: Optional[int] = typer.Option(None, help="--disaggregate: the prefill pool's TP (default: --tp)"),
-    prefill_quant: Optional[str] = typer.Option(None, help="--disaggregate: the prefill pool's weights (default: "
-                                                "--quant)"),
-    prefill_cp: Optional[int] = typer.Option(None, help="--disaggregate: the prefill pool's CP (default: --cp)"),
-    kv_transfer_gbps: float = typer.Option(50.0, help="--disaggregate: GB/s per GPU, one way, of the link a prompt's "
-                                           "KV crosses (default: 400 Gb/s InfiniBand per GPU)"),
-    kv_transfer_latency_s: float = typer.Option(0.001, help="--disaggregate: seconds each KV transfer takes beyond "
-                                                "its bytes"),
-    engine: Optional[str] = typer.Option(None, help="serving engine whose overheads the step times carry: vllm-v0.15 "
-                                         "(the default on catalog GPUs) or servecast (this project's engine; the "
-                                         "default on profiled devices)"),
-    engine_file: Optional[Path] = typer.Option(None, help="an engine profile fitted on your own runs "
-                                               "(servecast calibrate --runs)"),
     workers: int = typer.Option(max(1, os.cpu_count() or 1), help="processes for the replicas under round-robin "
                                 "routing (the same results; other routers use one)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
@@ -189,30 +143,13 @@ def simulate_command(
 
     try:
         if replay is not None:
-            config, trace, rate_scale = replay_setup(ctx, replay, hardware, profile, hardware_file, slo, engine,
-                                                     engine_file)
-        elif model is None or hardware is None or trace is None:
-            missing = [f"--{n}" for n, v in (("model", model), ("hardware", hardware), ("trace", trace)) if v is None]
+            config, trace, rate_scale = replay_setup(ctx, replay, knobs)
+        elif knobs["model"] is None or knobs["hardware"] is None or trace is None:
+            missing = [f"--{n}" for n, v in (("model", knobs["model"]), ("hardware", knobs["hardware"]),
+                                             ("trace", trace)) if v is None]
             raise ValueError(f"give {', '.join(missing)} (or --replay DIR to simulate a replay)")
         else:
-            config = SimConfig(model=model, hardware=hardware, tp=tp, pp=pp, cp=cp, replicas=replicas, quant=quant,
-                               kv_dtype=kv_dtype, activation_dtype=activation_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
-                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                               gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks=num_gpu_blocks,
-                               enable_chunked_prefill=chunked_prefill, enable_prefix_caching=prefix_caching,
-                               scheduler=scheduler, router=router, slo=slo, seed=seed,
-                               profile=str(profile) if profile else None,
-                               hardware_file=str(hardware_file) if hardware_file else None,
-                               speculative=speculative, num_speculative_tokens=num_speculative_tokens,
-                               acceptance=acceptance, acceptance_file=str(acceptance_file) if acceptance_file else None,
-                               draft_model=draft_model, draft_profile=str(draft_profile) if draft_profile else None,
-                               expert_parallel=expert_parallel, routing_skew=routing_skew,
-                               kv_offload_gb=kv_offload_gb, disaggregate=disaggregate,
-                               prefill_hardware=prefill_hardware, prefill_tp=prefill_tp, prefill_quant=prefill_quant,
-                               prefill_cp=prefill_cp,
-                               kv_transfer_gbps=kv_transfer_gbps, kv_transfer_latency_s=kv_transfer_latency_s,
-                               engine=engine,
-                               engine_file=str(engine_file) if engine_file else None)
+            config = SimConfig(**knobs)
         config.engine_profile()  # an unknown engine is bad input
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")

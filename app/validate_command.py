@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from app.common import dumps, fail, progress_bar, wide_console
-from app.measured_runs import ENGINE_DEFAULT, HARDWARE_HELP, RUNS_HELP
+from app.knob_options import Knobs, Options, takes
+from app.measured_runs import HARDWARE_HELP, RUNS_HELP
+from simulator.fleet.knobs import EngineChoice, KVCache, SchedulerLimits
 
 
 def validation_report(path: Path, results, info: dict, table) -> None:
@@ -58,6 +60,16 @@ def _verdict(table) -> str:
     return line
 
 
+# The engine's limits and KV pool, as the simulator names them (the engine's num_blocks: num_gpu_blocks),
+# small for this device; and, for --runs, the engine profile to predict with.
+KNOBS = (Options(KVCache, only=("block_size", "num_gpu_blocks"), defaults={"num_gpu_blocks": 512},
+                 names={"num_gpu_blocks": "num-blocks"}),
+         Options(SchedulerLimits, only=("max_num_seqs", "max_num_batched_tokens"),
+                 defaults={"max_num_seqs": 32, "max_num_batched_tokens": 256}),
+         Options(EngineChoice, notes={"engine": "with --runs", "engine_file": "with --runs"}))
+
+
+@takes(*KNOBS)
 def validate_command(
     model: Optional[str] = typer.Option(None, help="HF config.json of the model to serve (random weights); "
                                                    "default: the bundled small Llama"),
@@ -65,8 +77,7 @@ def validate_command(
     lengths: Optional[Path] = typer.Option(None, help="CSV of prompt/output lengths (default: bundled ShareGPT sample)"),
     length_scale: float = typer.Option(1 / 8, help="multiply trace lengths by this"),
     max_total_tokens: int = typer.Option(512, help="cap prompt+output per request (also max_model_len)"),
-    num_blocks: int = typer.Option(512), max_num_seqs: int = typer.Option(32),
-    max_num_batched_tokens: int = typer.Option(256), block_size: int = typer.Option(16),
+    knobs: Knobs = None,
     profile: Optional[Path] = typer.Option(None, help="profile of this device for the model (default: profile now)"),
     device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"), seed: int = typer.Option(0),
     threads: int = typer.Option(1, help="torch CPU threads for the profile and the engine (0: torch's choice)"),
@@ -81,8 +92,6 @@ def validate_command(
     out: Optional[Path] = typer.Option(None, help="write errors.csv, per-level request tables and report.html"),
     runs: Optional[List[Path]] = typer.Option(None, help="instead: measured runs to replay through the simulator "
                                               f"(--profile: a profiled device's profile): {RUNS_HELP}"),
-    engine: Optional[str] = typer.Option(None, help=f"--runs: the engine profile to predict with {ENGINE_DEFAULT}"),
-    engine_file: Optional[Path] = typer.Option(None, help="--runs: an engine profile file instead"),
     hardware: Optional[str] = typer.Option(None, help=HARDWARE_HELP),
     time_scale: float = typer.Option(1.0, help="--runs: shorten every table run's stages this much (1: as run; "
                                      "replays: whole)"),
@@ -93,7 +102,7 @@ def validate_command(
         from app.measured_runs import validate_runs
 
         # A run without an mbt column ran vLLM's online-serving default, 2048 (the campaign's D1 runs).
-        validate_runs(runs, engine, engine_file, hardware, 2048, time_scale, as_json, profile)
+        validate_runs(runs, knobs["engine"], knobs["engine_file"], hardware, 2048, time_scale, as_json, profile)
         return
     from app.demo import DEMO_MODEL
     from calibrate.validation.fidelity import run_validation
@@ -105,8 +114,10 @@ def validate_command(
             raise ValueError("--num-requests must be at least 2")
         setup = ValidationSetup(model=model or DEMO_MODEL, num_requests=num_requests,
                                 lengths_file=str(lengths) if lengths else None, length_scale=length_scale,
-                                max_total_tokens=max_total_tokens, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, device=device,
+                                max_total_tokens=max_total_tokens, num_blocks=knobs["num_gpu_blocks"],
+                                max_num_seqs=knobs["max_num_seqs"],
+                                max_num_batched_tokens=knobs["max_num_batched_tokens"],
+                                block_size=knobs["block_size"], device=device,
                                 dtype=dtype, seed=seed, threads=threads or None,
                                 calibration_requests=calibration_requests, repeats=repeats, speed_probe=speed_probe)
         setup.check()  # bad settings fail here, before any profiling

@@ -69,28 +69,35 @@ def fleet_input(key: str, defaults: dict | None = None) -> dict:
 
     from simulator.catalog.engines import DEFAULT_GPU_ENGINE, engine_ids
 
-    d = {"hardware": "h100-sxm", "quant": "bf16", "tp": 1, "cp": 1, "replicas": 1, **(defaults or {})}
+    from app.knob_options import declared
+
+    # The knobs' defaults and help as SimConfig declares them (simulator/fleet/knobs.py).
+    d = {"hardware": "h100-sxm", **{k: declared(k).default for k in ("quant", "tp", "cp", "replicas")},
+         **(defaults or {})}
+    words = {k: declared(k).description for k in ("model", "hardware", "quant", "tp", "cp", "replicas", "engine",
+                                                  "expert_parallel", "kv_offload_gb")}
     gpus, models, engines = priced_gpus(), catalog_model_ids(), engine_ids()
     c1, c2, c3, c4, c10, c5, c6, c7, c8, c9 = st.columns(10)
-    fields = {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model"),
-            "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw"),
+    fields = {"model": c1.selectbox("Model", models, index=models.index("llama-3.1-8b"), key=f"{key}_model",
+                                    help=words["model"]),
+            "hardware": c2.selectbox("Hardware", gpus, index=gpus.index(d["hardware"]), key=f"{key}_hw",
+                                     help=words["hardware"]),
             "quant": c3.selectbox("Precision", ["bf16", "fp8", "int8", "int4"],
-                                  index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant"),
-            "tp": c4.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(d["tp"]), key=f"{key}_tp"),
-            "cp": c10.selectbox("CP", CP_SIZES, index=CP_SIZES.index(d["cp"]), key=f"{key}_cp",
-                                help="context parallelism: ranks per replica (each a TP group) that split every "
-                                     "sequence's KV, cp x the GPUs and KV tokens; long prompts prefill by ring "
-                                     "attention"),
-            "replicas": int(c5.number_input("Replicas", 1, 512, d["replicas"], key=f"{key}_replicas")),
+                                  index=["bf16", "fp8", "int8", "int4"].index(d["quant"]), key=f"{key}_quant",
+                                  help=words["quant"]),
+            "tp": c4.selectbox("TP", [1, 2, 4, 8], index=[1, 2, 4, 8].index(d["tp"]), key=f"{key}_tp",
+                               help=words["tp"]),
+            "cp": c10.selectbox("CP", CP_SIZES, index=CP_SIZES.index(d["cp"]), key=f"{key}_cp", help=words["cp"]),
+            "replicas": int(c5.number_input("Replicas", 1, 512, d["replicas"], key=f"{key}_replicas",
+                                            help=words["replicas"])),
             "engine": c6.selectbox("Engine", engines, index=engines.index(DEFAULT_GPU_ENGINE), key=f"{key}_engine",
-                                   help="the serving engine whose overheads the step times carry (vllm-v0.15 is "
-                                        "fitted on real vLLM runs and gives 80 % intervals; servecast: kernels alone)"),
-            "expert_parallel": c7.checkbox("EP", False, key=f"{key}_ep",
-                                           help="mixture-of-experts models under TP: whole experts per rank"),
-            "kv_offload_gb": float(c8.number_input("CPU KV (GB)", 0, 100_000, int(d.get("kv_offload_gb", 0)), step=64,
-                                                   key=f"{key}_offload",
-                                                   help="host memory per replica for evicted prefix-cache blocks, "
-                                                        "loaded back over PCIe on a hit (0: none)"))}
+                                   help=words["engine"] + " (vllm-v0.15 is fitted on real vLLM runs and gives 80 % "
+                                                          "intervals)"),
+            "expert_parallel": c7.checkbox("EP", declared("expert_parallel").default, key=f"{key}_ep",
+                                           help=words["expert_parallel"]),
+            "kv_offload_gb": float(c8.number_input("CPU KV (GB)", 0, 100_000,
+                                                   int(d.get("kv_offload_gb", declared("kv_offload_gb").default)),
+                                                   step=64, key=f"{key}_offload", help=words["kv_offload_gb"]))}
     split = c9.selectbox("P:D", SPLITS, key=f"{key}_split",
                          help="prefill/decode disaggregation: per replica count above, P prefill and D decode "
                               "replicas, each prompt's KV sent from one to the other")

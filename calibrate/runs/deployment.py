@@ -14,10 +14,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.policy.dtypes import canonical_dtype
+from simulator.fleet.knobs import GROUPS
 from simulator.fleet.sim_config import SimConfig, validation_items
 
-# SimConfig fields a deployment may not set: the workload's (slo, seed) and what calibration fits.
-NOT_DEPLOYMENT = frozenset({"slo", "seed", "timeseries_interval_s", "engine", "engine_file"})
+# SimConfig fields a deployment may not set: the groups that describe no server, the run's own
+# (slo, seed, ...) and what calibration fits (the engine profile).
+NOT_DEPLOYMENT = frozenset(name for group in GROUPS if not group.deployment for name in group.model_fields)
 DEPLOYMENT_FIELDS = tuple(name for name in SimConfig.model_fields if name not in NOT_DEPLOYMENT)
 # Fields that may name a file (model: a config.json, where it is not a catalog id).
 FILE_FIELDS = ("model", "profile", "hardware_file", "acceptance_file", "draft_model", "draft_profile")

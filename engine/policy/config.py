@@ -184,6 +184,15 @@ class CacheConfig:
                              "raise num_blocks or the KV byte budget")
 
 
+def check_chunked_prefill(max_num_batched_tokens: int, max_model_len: int, enable_chunked_prefill: bool) -> None:
+    """Without chunked prefill a whole prompt must fit one step: ValueError naming the fix where a
+    prompt of max_model_len tokens could not (the engine's SchedulerConfig and SimConfig both ask)."""
+    if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ValueError(f"without chunked prefill a whole prompt must fit one step, but max_num_batched_tokens="
+                         f"{max_num_batched_tokens} < max_model_len={max_model_len}, so longer prompts could never "
+                         "be scheduled: enable chunked prefill, raise max_num_batched_tokens or lower max_model_len")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
@@ -203,11 +212,7 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
         if self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill a whole prompt must fit one step, but max_num_batched_tokens="
-                f"{self.max_num_batched_tokens} < max_model_len={self.max_model_len}: enable chunked "
-                "prefill, raise max_num_batched_tokens or lower max_model_len")
+        check_chunked_prefill(self.max_num_batched_tokens, self.max_model_len, self.enable_chunked_prefill)
 
 
 # Weight-only int8 / int4 / fp8, and w8a8 (int8 weights and dynamically quantized int8

@@ -7,46 +7,18 @@ message that names the cause and the fix.
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError, model_validator
 
+from engine.policy.config import check_chunked_prefill
 from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
 from simulator.cost.memory import MemoryPlan, plan_memory
-from simulator.fleet.router import ROUTERS
-
-WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "w8a8"]
-KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
-ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
-Router = Literal[ROUTERS]  # the names in simulator/fleet/router.py's registry
-SchedulerKind = Literal["continuous", "static"]
-
-_SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean)$")
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|s|us)?\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """'2s', '100ms', '250us', '0.5' (seconds) -> seconds."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a duration: write e.g. 2s, 100ms or 0.5")
-    value = float(match.group(1))
-    return value * {"ms": 1e-3, "us": 1e-6}.get(match.group(2) or "s", 1.0)
-
-
-def parse_slos(text: str) -> dict[str, float]:
-    """'ttft_p99=2s,tpot_p99=100ms' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
-    slos = {}
-    for item in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"SLO {item!r} is not metric=limit, e.g. ttft_p99=2s")
-        slos[key.strip()] = parse_duration(value)
-    return slos
+from simulator.fleet.knobs import (Disaggregation, EngineChoice, Fleet, HostTier, KVCache, Parallelism, Precision,
+                                   RunSettings, SchedulerLimits, Served, Speculation)
+from simulator.fleet.knobs import check_slos, parse_duration, parse_slos  # noqa: F401 (imported from here too)
 
 
 def parse_pools(text: str) -> tuple[int, int]:
@@ -63,97 +35,12 @@ def validation_items(exc: ValidationError) -> list[tuple[str, str]]:
     return [(".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")) for err in exc.errors()]
 
 
-def check_slos(value: dict[str, float]) -> dict[str, float]:
-    """The SLOs if every key is a known metric and every limit a positive time; ValueError naming the bad one."""
-    for key, limit in value.items():
-        if not _SLO_KEY.match(key):
-            raise ValueError(f"unknown SLO {key!r}: use (ttft|tpot|itl|e2e)_(p50|p90|p95|p99|mean), e.g. ttft_p99")
-        if not (limit > 0 and math.isfinite(limit)):
-            raise ValueError(f"SLO {key} must be a positive time in seconds, got {limit}")
-    return value
-
-
-class SimConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field(description="catalog id (llama-3.1-8b) or a path to an HF config.json")
-    hardware: str = Field(description="catalog id (a100-80gb, h100-sxm, ...) or a profiled device (cpu-local)")
-    hardware_file: str | None = Field(default=None, description="YAML file with extra accelerators")
-    profile: str | None = Field(default=None, description="servecast profile of the hardware (needed for *-local)")
-    tp: int = Field(default=1, ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    # Context parallelism (simulator/cost/context_parallel.py): a replica is cp ranks of tp GPUs,
-    # the weights on every rank, each sequence's KV split over the ranks by position.
-    cp: int = Field(default=1, ge=1, le=64,
-                    description="context-parallel ranks per replica (each a TP group): a replica uses tp x pp x cp "
-                                "GPUs and holds cp times the KV tokens; prefills attend by ring attention. With "
-                                "disaggregate, both pools' unless prefill_cp gives the prefill pool's")
-    replicas: int = Field(default=1, ge=1, le=4096)
-    quant: WeightPrecision = Field(default="bf16", description="weight precision")
-    kv_dtype: KVDtype = "auto"
-    # What GEMMs compute in: auto = bf16 under weight-only int8/int4 (W8A16/W4A16), fp8 with fp8
-    # weights, else the weights' own; fp32 models servecast's CPU engine, whose quantized layers
-    # take fp32 activations.
-    activation_dtype: ActivationDtype = "auto"
-    block_size: int = Field(default=16, ge=1, le=1024)
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    max_model_len: int | None = Field(default=None, ge=2)
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    num_gpu_blocks: int | None = Field(default=None, ge=1, description="KV blocks per replica, instead of planning memory")
-    scheduler: SchedulerKind = "continuous"
-    router: Router = "round_robin"
-    slo: dict[str, float] = Field(default_factory=dict, description="e.g. {'ttft_p99': 2.0, 'tpot_p99': 0.1}")
-    seed: int = 0
-    timeseries_interval_s: float | None = Field(default=None, gt=0)
-    # Speculative decoding (simulator/fleet/speculation.py): the proposer, draft tokens per verification,
-    # and acceptance -- a per-token rate, or the engine's measured per-position profile (the
-    # acceptance.json `servecast train-pair` / `servecast acceptance` write).
-    speculative: Literal["ngram", "draft"] | None = None
-    num_speculative_tokens: int = Field(default=0, ge=0, le=8)
-    acceptance: float | None = Field(default=None, ge=0.0, le=1.0,
-                                     description="probability each draft is accepted given the ones before were")
-    acceptance_file: str | None = None
-    draft_model: str | None = Field(default=None, description="the draft's catalog id or config.json (speculative=draft)")
-    draft_profile: str | None = Field(default=None, description="a profile of the draft on this hardware "
-                                                                "(default: the target's cost model, draft shapes)")
-    # Mixture-of-experts models (simulator/cost/moe.py): whole experts per tensor-parallel rank
-    # with all-to-all (expert parallel) instead of a slice of every expert; the router's imbalance
-    # (0: uniform; s > 0: Zipf shares 1/(e+1)^s, a few hot experts).
-    expert_parallel: bool = False
-    routing_skew: float = Field(default=0.0, ge=0.0, le=4.0)
-    # The serving engine whose additions the step times carry (simulator/catalog/engines.py): a
-    # catalog id, or a profile file (servecast calibrate --runs). None: vLLM's on catalog GPUs,
-    # servecast's own on profiled devices.
-    engine: str | None = None
-    engine_file: str | None = None
-    # A host-memory tier for the prefix cache (simulator/fleet/tiered_pool.py): GB of host memory per
-    # replica that evicted prefix blocks move to, loaded back over each GPU's host link on a hit.
-    kv_offload_gb: float = Field(default=0.0, ge=0.0, le=1e6)
-    # Prefill/decode disaggregation (simulator/fleet/disaggregated.py): "P:D", a pool of P prefill
-    # replicas and one of D decode replicas (replicas stays 1); the prefill pool's own accelerator,
-    # TP and weights where given (else the fields above, which the decode pool has); the link a
-    # prefill replica sends each prompt's KV over: GB/s per GPU one way (default: 400 Gb/s, a
-    # DGX H100's InfiniBand port per GPU), and its latency per transfer (an assumption).
-    disaggregate: str | None = Field(default=None, description="P:D, e.g. 2:6")
-    prefill_hardware: str | None = None
-    prefill_tp: int | None = Field(default=None, ge=1, le=64)
-    prefill_quant: WeightPrecision | None = None
-    prefill_cp: int | None = Field(default=None, ge=1, le=64, description="the prefill pool's cp (default: cp)")
-    kv_transfer_gbps: float = Field(default=50.0, gt=0.0)
-    kv_transfer_latency_s: float = Field(default=1e-3, ge=0.0)
-
-    @field_validator("slo", mode="before")
-    @classmethod
-    def _parse_slo(cls, value):
-        return parse_slos(value) if isinstance(value, str) else value
-
-    @field_validator("slo")
-    @classmethod
-    def _check_slo(cls, value: dict[str, float]) -> dict[str, float]:
-        return check_slos(value)
+# Every group, each knob declared once (simulator/fleet/knobs.py). Listed last group first: pydantic
+# puts the fields of later bases first, so the fields come in knobs.GROUPS' order.
+class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings, SchedulerLimits, KVCache,
+                Precision, Fleet, Parallelism, Served):
+    """One simulation's configuration: every group's fields, flat (`SimConfig(tp=4)`, `config.tp`),
+    checked together here (`_consistent`) and against the model and hardware by `check()`."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "SimConfig":
@@ -189,11 +76,8 @@ class SimConfig(BaseModel):
             raise ValueError("kv_offload_gb keeps evicted prefix-cache blocks: it needs enable_prefix_caching")
         if self.kv_offload_gb and self.scheduler != "continuous":
             raise ValueError("kv_offload_gb works with the continuous-batching scheduler: use scheduler=continuous")
-        if self.max_model_len is not None and self.max_num_batched_tokens < self.max_model_len \
-                and not self.enable_chunked_prefill:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
-                             f"{self.max_model_len} without chunked prefill, so long prompts could never be "
-                             "scheduled: enable chunked prefill or raise max_num_batched_tokens")
+        if self.max_model_len is not None:
+            check_chunked_prefill(self.max_num_batched_tokens, self.max_model_len, self.enable_chunked_prefill)
         return self
 
     # -- resolution (raises ValueError with the cause and the fix) ------------------------------
