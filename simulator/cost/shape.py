@@ -31,7 +31,7 @@ class ReplicaShape:
     dtype: str = "bf16"  # what GEMMs compute in
     weight_dtype: str | None = None  # narrower stored weights (weight-only quantization), else None
     kv_dtype: str | None = None  # the KV cache's precision; None: the compute dtype's
-    block_size: int = 16
+    block_size: int | None = 16  # None: decodes attended unpadded even on a profiled servecast device
     # Mixture-of-experts models: whole experts per rank (all-to-all), and the router's skew.
     expert_parallel: bool = False
     routing_skew: float = 0.0

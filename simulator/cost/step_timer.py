@@ -106,7 +106,7 @@ class StepTimer:
         Under context parallelism every rank reads its copy for its share of the tokens."""
         recipe, copies = self.recipe, 1 if self.context_parallel is None else self.context_parallel.cp
         if not recipe.expert_bytes:  # dense: every weight once per step
-            return copies * recipe.weight_bytes if copies > 1 else recipe.weight_bytes
+            return copies * recipe.weight_bytes
 
         def compute() -> float:
             m, shape = self.model, self.shape
@@ -322,7 +322,8 @@ class StepTimer:
                 prefill_context += start + n
                 if cp is not None:  # its sequence's shard of keys goes round the ring
                     ring_keys += cp.share(start + n)
-        self.last_sampled = sampled
+        if ledger is None and not compose_only:  # a step the simulator takes (explain() times one aside)
+            self.last_sampled = sampled
         if not tokens:
             return None
         groups = 1 if decodes else 0
