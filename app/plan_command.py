@@ -81,6 +81,10 @@ def plan_command(
     address: Optional[str] = typer.Option(None, help="Ray cluster address (--executor ray; default: a local "
                                                      "Ray instance of --workers CPUs)"),
     study: Optional[Path] = typer.Option(None, help="SQLite file of finished points: a rerun resumes from it"),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="simulate every candidate to the end, with its "
+                                    "headroom and slow end (default: candidates that cannot beat the cheapest fleet "
+                                    "found are bounded out, and headroom and slow end are found for the recommended "
+                                    "fleet and the Pareto front)"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write plan.json, candidates.csv and report.html here"),
@@ -144,7 +148,7 @@ def plan_command(
             task = progress.add_task("plan", total=len(candidates) * len(factors))
             result = run_plan(spec, candidates, factors, workers, store,
                               progress=lambda done, total: progress.update(task, completed=done),
-                              executor=executor, address=address)
+                              executor=executor, address=address, exhaustive=exhaustive)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:
@@ -155,7 +159,7 @@ def plan_command(
                                 kv_offload_gb=kv_offload_gb, disaggregate=disaggregate,
                                 **{knobs.params[name]: value for name, value in knobs.changed().items()},
                                 growth=growth,
-                                max_replicas=max_replicas, seed=seed)
+                                max_replicas=max_replicas, exhaustive=exhaustive or None, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())
     if out is not None:
         import pandas as pd

@@ -166,7 +166,14 @@ def print_plan(document: dict) -> None:
             for r in feasible:
                 table.add_row(*(labels.text(f, r.get(f)) for f in TABLE_FIELDS))
             out.print(table)
-        for reason, which in plan_words.reason_groups([r for r in rows if not r["feasible"]]):
+        bounded = [r for r in rows if r.get("replicas_at_least") is not None]
+        if bounded:
+            out.print(f"bounded out ({len(bounded)}): dearer than the cheapest fleet found even at the fewest "
+                      "replicas they could need (one, unless shown; --exhaustive simulates them): "
+                      + ", ".join(f"{r['candidate']} (≥ {r['replicas_at_least']} replicas)" if r["replicas_at_least"] > 1
+                                   else r["candidate"] for r in bounded), highlight=False)
+        for reason, which in plan_words.reason_groups([r for r in rows if not r["feasible"]
+                                                       and r.get("replicas_at_least") is None]):
             out.print(f"cannot meet them ({len(which)}): {reason}: {', '.join(which)}", highlight=False)
         for words in plan_words.choice_words(rows):
             out.print(words, highlight=False)

@@ -120,6 +120,9 @@ class CandidateResult:
     slo_miss: float | None = None  # infeasible on SLOs: the worst SLO's measured / limit at the most replicas
     # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
     replicas_slow_end: int | None = None
+    # Not searched to the end: it needs at least this many replicas (a fleet dearer than the cheapest
+    # found: simulator/plan/search.py), reason says why.
+    replicas_at_least: int | None = None
     simulations: int = 0
 
     def row(self) -> dict:
@@ -157,8 +160,13 @@ def meets(summary: RunSummary) -> bool:
 
 
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
-                   run: Simulate = run_summary, headroom: bool = True) -> CandidateResult:
-    """The fewest replicas of this candidate that meet the SLOs at rate_scale x the trace's rate."""
+                   run: Simulate = run_summary, headroom: bool = True, slow_end: bool = True,
+                   most: int | None = None) -> CandidateResult:
+    """The fewest replicas of this candidate that meet the SLOs at rate_scale x the trace's rate,
+    with its headroom and slow end (plan_extras) where asked. most: search no further than this
+    many replicas (the planner's cap from a cheaper fleet already found): a candidate that needs
+    more is left with replicas_at_least = most + 1 and no answer."""
+    most = spec.max_replicas if most is None else min(most, spec.max_replicas)
     workload = spec.probe(rate_scale)
     result = CandidateResult(candidate, rate_scale, feasible=False)
     try:
@@ -177,7 +185,11 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
             result.simulations += 1
         return meets(summaries[replicas])
 
-    replicas = fewest_replicas(holds, 1, spec.max_replicas)
+    replicas = fewest_replicas(holds, 1, most)
+    if replicas is None and most < spec.max_replicas:
+        result.replicas_at_least = most + 1
+        result.reason = f"needs more than {most} replica{'s' if most != 1 else ''}"
+        return result
     if replicas is None:
         slo = summaries[spec.max_replicas].slo
         at_least = "at least " if summaries[spec.max_replicas].stopped_early is not None else ""
@@ -206,8 +218,19 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     if cost_model.engine is not None:
         result.intervals = {k: list(interval) for k, v in values.items()
                             if (interval := cost_model.engine.interval(residual_metric(k), v)) is not None}
-    slow = cost_model.engine.slow_end() if cost_model.engine is not None else None
-    if slow is not None:  # the same search on step times at the interval's slow end, from here up
+    return plan_extras(spec, result, run, cost_model, headroom, slow_end)
+
+
+def plan_extras(spec: PlanSpec, result: CandidateResult, run: Simulate = run_summary,
+                cost_model: CostModel | None = None, headroom: bool = True, slow_end: bool = True
+                ) -> CandidateResult:
+    """A feasible result with its slow end (the same search on step times at the engine profile's
+    interval's slow end, from its replicas up) and its headroom filled in; changes `result`."""
+    candidate, replicas, workload = result.candidate, result.replicas, spec.probe(result.rate_scale)
+    config = spec.config(candidate, 1)
+    cost_model = cost_model or cost_model_for(config)
+    slow = cost_model.engine.slow_end() if slow_end and cost_model.engine is not None else None
+    if slow is not None:
         slow_model = cost_model_for(config, engine=slow)
         slow_runs: dict[int, bool] = {}
 
@@ -218,7 +241,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
     if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
-        result.headroom = fleet_headroom(spec, candidate, replicas, rate_scale, run, result, cost_model)
+        result.headroom = fleet_headroom(spec, candidate, replicas, result.rate_scale, run, result, cost_model)
     return result
 
 

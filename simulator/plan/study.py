@@ -31,9 +31,13 @@ def plan_digest(spec: PlanSpec) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def point_key(digest: str, candidate: Candidate, rate_scale: float) -> str:
-    """One point's key: its plan's digest (plan_digest), the candidate and the rate scale."""
+def point_key(digest: str, candidate: Candidate, rate_scale: float, part: str | None = None) -> str:
+    """One point's key: its plan's digest (plan_digest), the candidate and the rate scale; part
+    "search" (or "search<=N", capped at N replicas): its fewest replicas alone, without headroom or
+    slow end (simulator/plan/search.py)."""
     fields = {"plan": digest, "candidate": candidate.__dict__, "rate_scale": rate_scale}
+    if part is not None:
+        fields["part"] = part
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 

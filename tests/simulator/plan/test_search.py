@@ -103,17 +103,17 @@ def test_an_interrupted_plan_resumes_without_recomputing_finished_points(tmp_pat
     s = spec()
     candidates = [Candidate("h100-sxm"), Candidate("a100-80gb")]
     study = Study(tmp_path / "study.sqlite")
-    first = run_plan(s, candidates[:1], study=study)  # "interrupted" after one point
+    first = run_plan(s, candidates[:1], study=study, exhaustive=True)  # "interrupted" after one point
     assert first.reused == 0 and len(study) == 1
     calls = []
     import simulator.plan.executors as planner
 
     real = planner.plan_candidate
     monkeypatch.setattr(planner, "plan_candidate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    resumed = run_plan(s, candidates, study=study)
+    resumed = run_plan(s, candidates, study=study, exhaustive=True)
     assert resumed.reused == 1 and calls == [candidates[1]]
     assert resumed.results[0].row() == first.results[0].row()
-    again = run_plan(s, candidates, study=study)
+    again = run_plan(s, candidates, study=study, exhaustive=True)
     assert again.reused == 2 and calls == [candidates[1]]
     (tmp_path / "bad.sqlite").write_text("not a database")
     with pytest.raises(ValueError, match="not a servecast study"):
@@ -142,7 +142,7 @@ def test_a_worker_process_that_dies_loses_only_its_own_point(monkeypatch, tmp_pa
     expected = {c: plan_candidate(spec(), c).row() for c in candidates if c.hardware != "l40s"}
     monkeypatch.setattr(planner, "plan_candidate", _dies_on_l40s)
     study = Study(tmp_path / "study.sqlite")
-    plan = run_plan(spec(), candidates, workers=2, study=study)
+    plan = run_plan(spec(), candidates, workers=2, study=study, exhaustive=True)
     for result in plan.results:
         if result.candidate.hardware == "l40s":
             assert not result.feasible and result.reason.startswith(planner.WORKER_FAILED)
@@ -150,17 +150,19 @@ def test_a_worker_process_that_dies_loses_only_its_own_point(monkeypatch, tmp_pa
             assert result.row() == expected[result.candidate]
     # The survivors were kept; the crashed point was not, so a rerun computes only it.
     monkeypatch.setattr(planner, "plan_candidate", plan_candidate)
-    assert run_plan(spec(), candidates, study=study).reused == len(candidates) - 1
+    assert run_plan(spec(), candidates, study=study, exhaustive=True).reused == len(candidates) - 1
 
 
 def test_the_ray_executor_gives_the_same_plan_as_local_processes(tmp_path) -> None:
     pytest.importorskip("ray")
     candidates = [Candidate("h100-sxm"), Candidate("l40s", "fp8"), Candidate("l40s", tp=3)]  # tp=3: infeasible
-    local = run_plan(spec(), candidates)
+    local = run_plan(spec(), candidates, exhaustive=True)
     study = Study(tmp_path / "ray.sqlite")
-    on_ray = run_plan(spec(), candidates, workers=2, study=study, executor="ray")
+    on_ray = run_plan(spec(), candidates, workers=2, study=study, executor="ray", exhaustive=True)
     assert [r.row() for r in on_ray.results] == [r.row() for r in local.results]
     assert len(study) == 3  # kept as they finished
+    fast = run_plan(spec(), candidates, workers=2, executor="ray")  # the bounded search's rounds on Ray
+    assert [r.row() for r in fast.results] == [r.row() for r in run_plan(spec(), candidates).results]
     with pytest.raises(ValueError, match="use local or ray"):
         run_plan(spec(), candidates, executor="dask")
 
