@@ -14,6 +14,7 @@ from app.common import wide_console
 # Exit status when the plan has no answer (no candidate meets the SLOs at some traffic asked about):
 # distinct from 0 (answered) and 2 (bad input).
 NO_ANSWER = 3
+BOUNDED_NAMED = 12  # bounded-out candidates named in the terminal's line (plan.json and candidates.csv: all)
 TABLE_FIELDS = ("candidate", "replicas", "replicas_slow_end", "gpus", "usd_per_hour", "usd_per_million_output_tokens",
                 "ttft_p99_s", "tpot_p99_s", "headroom")
 
@@ -168,10 +169,13 @@ def print_plan(document: dict) -> None:
             out.print(table)
         bounded = [r for r in rows if r.get("replicas_at_least") is not None]
         if bounded:
+            named = [f"{r['candidate']} (≥ {r['replicas_at_least']} replicas)" if r["replicas_at_least"] > 1
+                     else r["candidate"] for r in bounded[:BOUNDED_NAMED]]
+            more = f" and {len(bounded) - BOUNDED_NAMED} more (the candidates table has them all)" \
+                if len(bounded) > BOUNDED_NAMED else ""
             out.print(f"bounded out ({len(bounded)}): dearer than the cheapest fleet found even at the fewest "
                       "replicas they could need (one, unless shown; --exhaustive simulates them): "
-                      + ", ".join(f"{r['candidate']} (≥ {r['replicas_at_least']} replicas)" if r["replicas_at_least"] > 1
-                                   else r["candidate"] for r in bounded), highlight=False)
+                      + ", ".join(named) + more, highlight=False)
         for reason, which in plan_words.reason_groups([r for r in rows if not r["feasible"]
                                                        and r.get("replicas_at_least") is None]):
             out.print(f"cannot meet them ({len(which)}): {reason}: {', '.join(which)}", highlight=False)

@@ -14,12 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from simulator.cost.efficiency import EfficiencyCurve
 from simulator.cost.profile_format import Measurement
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import step_cost
+
+
+def _least_squares(*args, **kwargs):
+    """scipy's least_squares, imported on first use: scipy is a third of a what-if's start-up."""
+    from scipy.optimize import least_squares
+
+    return least_squares(*args, **kwargs)
 
 # Plateaus may exceed 1: a device's measured peaks (a square matmul, a large copy) are not hard
 # limits for every shape (cache-resident weights read faster than a DRAM copy). The cost model
@@ -71,7 +77,7 @@ def fit_curve(samples: Sequence[Sample], peak_flops: float, bandwidth: float | C
                for t0 in (1e-6, 2e-5) for floor in (1e-6, 1e-5, 1e-4) for p in (1.0, 3.0)]
     for x0 in starts:
         x0 = np.clip(x0, LOWER, UPPER)
-        result = least_squares(residuals, x0, bounds=(LOWER, UPPER), method="trf", loss="soft_l1", f_scale=0.1,
+        result = _least_squares(residuals, x0, bounds=(LOWER, UPPER), method="trf", loss="soft_l1", f_scale=0.1,
                                max_nfev=MAX_EVALUATIONS)
         if best is None or result.cost < best.cost:
             best = result
@@ -99,7 +105,7 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
               np.array([0.3 * fastest, 0.5, math.log(0.5 * fastest), 0.5, math.log(0.5 * fastest)])]
     best = None
     for x0 in starts:
-        result = least_squares(residuals, np.clip(x0, lower, upper), bounds=(lower, upper), method="trf",
+        result = _least_squares(residuals, np.clip(x0, lower, upper), bounds=(lower, upper), method="trf",
                                loss="soft_l1", f_scale=0.1, max_nfev=MAX_EVALUATIONS)
         if best is None or result.cost < best.cost:
             best = result
@@ -218,7 +224,7 @@ def fit_all_reduce(shared: Path = SHARED) -> dict[str, float]:
         base, per_hop, efficiency = v
         return base + per_hop * (world - 1) + 2 * (world - 1) / world * nbytes / (efficiency * link)
 
-    fit = least_squares(lambda v: np.log(model(v)) - np.log(times), [1e-5, 1e-5, 0.5],
+    fit = _least_squares(lambda v: np.log(model(v)) - np.log(times), [1e-5, 1e-5, 0.5],
                         bounds=([0, 0, 0.01], [1e-3, 1e-3, 1.0]))
     base, per_hop, efficiency = (float(x) for x in fit.x)
     return {"base_s": base, "per_hop_s": per_hop, "link_efficiency": efficiency,
@@ -246,7 +252,7 @@ def fit_collective_latency(curves: dict[str, EfficiencyCurve], all_reduce: dict[
         return np.array([step_cost(model, ReplicaShape(spec, tp=r["tp"], dtype="fp16", block_size=None),
                                    [Chunk(1, r["prompt"] + r["output"] // 2)] * r["batch"]).total_s for r in rows])
 
-    fit = least_squares(lambda v: np.log(predicted(v)) - np.log(measured), [all_reduce["base_s"], all_reduce["per_hop_s"]],
+    fit = _least_squares(lambda v: np.log(predicted(v)) - np.log(measured), [all_reduce["base_s"], all_reduce["per_hop_s"]],
                         bounds=([0, 0], [1e-3, 1e-3]))
     return {**all_reduce, "base_s": float(fit.x[0]), "per_hop_s": float(fit.x[1]),
             "latency_fitted_on": "Splitwise A100 Llama-2-70B decode steps, TP 2/4/8"}

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
 
 from calibrate.fitting.curve import Sample, fit_curve
 from simulator.catalog.models import ModelSpec
@@ -135,6 +134,8 @@ def fit_framework(model: CostModel, profile: Profile, steps: Sequence[StepObserv
     kinds = [(prefill, max(n, 1).bit_length()) for prefill, n in zip(has_prefill, chunk_counts)]
     per_kind = Counter(kinds)
     balance = np.array([1.0 / np.sqrt(per_kind[kind]) for kind in kinds])
+    from scipy.optimize import nnls  # here: scipy's import is a third of a what-if's start-up
+
     a, b = np.array(rows), np.array(measured)
     weights = balance / b
     coefficients, _ = nnls(a * weights[:, None], b * weights)
