@@ -160,7 +160,8 @@ def plan_command(
                                 **{knobs.params[name]: value for name, value in knobs.changed().items()},
                                 growth=growth,
                                 max_replicas=max_replicas, exhaustive=exhaustive or None, seed=seed)
-    document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace())
+    document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace(),
+                             exhaustive)
     if out is not None:
         import pandas as pd
 

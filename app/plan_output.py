@@ -52,7 +52,8 @@ def software_version() -> str:
         return "unknown (not installed)"
 
 
-def about(spec, engines: dict, candidates, command: str, trace_name: str, growth=(1.0,)) -> dict:
+def about(spec, engines: dict, candidates, command: str, trace_name: str, growth=(1.0,),
+          exhaustive: bool = False) -> dict:
     """The question in words and the footnotes: how the numbers were made."""
     import json
 
@@ -85,7 +86,11 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
         "80 % intervals: the 10th to 90th percentiles of the engine profile's held-out errors on real runs "
         "(TPOT p99's from the mean TPOT's: the runs have no TPOT percentiles). The slow end's replica count is the "
         "same search with step times at the interval's upper end.",
-        probed(spec) + " The fewest replicas are found by doubling then bisection, headroom by bisection to 5 %.",
+        probed(spec) + " The fewest replicas are found by doubling then bisection, headroom by bisection to 5 %."
+        + ("" if exhaustive else " Candidates were searched best decode throughput per dollar first; one that "
+           "could not beat the cheapest fleet found, even at the fewest replicas it could need, is bounded out "
+           "(--exhaustive simulates every candidate), and headroom and the slow end were found for the "
+           "recommended fleet and the Pareto front."),
         "Prices: the hardware catalog's on-demand prices per accelerator-hour (simulator/catalog/hardware.yaml, "
         "with their sources).",
         f"servecast {software_version()}; reproduce with: {command}"]
@@ -115,10 +120,11 @@ def probed(spec) -> str:
             "at x1), the trace played again where shorter, so its p99s are of the steady state.")
 
 
-def plan_document(spec, result, factors, engines: dict, candidates, command: str, trace: str) -> dict:
+def plan_document(spec, result, factors, engines: dict, candidates, command: str, trace: str,
+                  exhaustive: bool = False) -> dict:
     rows = [r.row() for r in result.results]
     return {"model": spec.model, "trace": trace, "slo": spec.slo, "growth": factors, "reused_points": result.reused,
-            "about": about(spec, engines, candidates, command, trace_name(trace), factors),
+            "about": about(spec, engines, candidates, command, trace_name(trace), factors, exhaustive),
             "recommendation": {str(g): (r.row() if (r := result.recommendation(g)) else None) for g in factors},
             "closest_miss": {str(g): closest_miss([x for x in rows if x["rate_scale"] == g]) for g in factors
                              if result.recommendation(g) is None},

@@ -174,7 +174,14 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
             parts.append("")  # the chart's place
         for words in plan_words.choice_words(rows):
             parts.append(f"<p>{esc(words)}</p>")
-        failed = [r for r in rows if not r["feasible"]]
+        bounded = [r for r in rows if r.get("replicas_at_least") is not None]
+        if bounded:
+            parts.append(f"<h3>Bounded out ({len(bounded)})</h3><p class='note'>Dearer than the cheapest fleet found "
+                         "even at the fewest replicas they could need (at least one; more where shown); "
+                         "<code>--exhaustive</code> simulates them.</p><p>" +
+                         esc(", ".join(f"{r['candidate']} (≥ {r['replicas_at_least']})" if r["replicas_at_least"] > 1
+                                       else r["candidate"] for r in bounded)) + "</p>")
+        failed = [r for r in rows if not r["feasible"] and r.get("replicas_at_least") is None]
         if failed:
             parts.append(f"<h3>Deployments that cannot meet them ({len(failed)}), by reason</h3><table><thead><tr>"
                          "<th>Why not</th><th>How many</th><th>Deployments</th></tr></thead><tbody>" +

@@ -24,10 +24,10 @@ OFFLOAD_GB = [0, 64, 256, 1024]
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_plan(model: str, trace_key: str, _workload, slo: tuple, candidates: tuple, growth: tuple,
-                workers: int) -> list[dict]:
+                workers: int, exhaustive: bool = False) -> list[dict]:
     """Rows of a plan; a repeated question (same inputs) is answered from the cache at once."""
     spec = PlanSpec(model, _workload, dict(slo))
-    result = run_plan(spec, list(candidates), growth, workers=workers)
+    result = run_plan(spec, list(candidates), growth, workers=workers, exhaustive=exhaustive)
     return [r.row() for r in result.results]
 
 
@@ -78,6 +78,11 @@ def main() -> None:
         growth = st.multiselect("Traffic growth", GROWTHS, default=list(plan_defaults.GROWTH), key="growth")
         slo_sensitivity = st.checkbox("Sensitivity to SLO tightness (also plan at 0.5x and 2x the SLOs)",
                                       key="slo_sensitivity")
+        exhaustive = st.checkbox("Simulate every candidate (slower)", key="exhaustive",
+                                 help="by default a candidate that cannot beat the cheapest fleet found, even at "
+                                      "the fewest replicas it could need, is bounded out unsimulated, and headroom "
+                                      "and the slow end are found for the recommended fleet and the Pareto front "
+                                      "only (`servecast plan --exhaustive`)")
         submitted = st.form_submit_button("Plan")
     if workload is None:
         return
@@ -105,7 +110,8 @@ def main() -> None:
         with st.spinner(f"planning {points * len(factors)} points"):
             for f in factors:
                 scaled = tuple((k, v * f) for k, v in slo)
-                by_slo[f] = cached_plan(model, trace_key, workload, scaled, candidates, tuple(sorted(growth)), workers)
+                by_slo[f] = cached_plan(model, trace_key, workload, scaled, candidates, tuple(sorted(growth)), workers,
+                                        exhaustive)
         st.session_state["plan"] = {"question": asked, "rows": by_slo[1.0], "growth": sorted(growth),
                                     "by_slo": by_slo, "ask": (model, trace_key, workload, slo)}
     if "plan" in st.session_state:
@@ -191,7 +197,13 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]],
         if feasible:
             st.markdown(f"**Fleets that meet the SLOs**, cheapest first ({len(feasible)})")
             tables.show(*tables.frame(feasible, list(FEASIBLE_FIELDS)))
-        failed = [r for r in at if not r["feasible"]]
+        bounded = [r for r in at if r.get("replicas_at_least") is not None]
+        if bounded:
+            st.markdown(f"**Bounded out** ({len(bounded)}): dearer than the cheapest fleet found even at the fewest "
+                        "replicas they could need; tick *Simulate every candidate* to search them to the end")
+            tables.show(pd.DataFrame({labels.label("candidate"): [r["candidate"] for r in bounded],
+                                      "Needs at least (replicas)": [r["replicas_at_least"] for r in bounded]}))
+        failed = [r for r in at if not r["feasible"] and r.get("replicas_at_least") is None]
         if failed:
             st.markdown(f"**Deployments with no fleet that meets the SLOs** ({len(failed)}), by reason")
             tables.show(infeasible(failed))
