@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	# CPU torch (a plain `torch` would pull a multi-GB CUDA build)
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -e ".[test]"
+	# Byte-compiled once here, so a first `servecast` run does not pay for it
+	$(VENV)/bin/python -m compileall -q engine calibrate simulator app
 	touch $(STAMP)
 
 install: $(STAMP)
