@@ -91,6 +91,8 @@ def plan_command(
 ) -> None:
     """Find the cheapest fleet that meets the SLOs: the fewest replicas of every candidate deployment."""
     from simulator.catalog.hardware import get_accelerator
+    from simulator.catalog.models import load_model
+    from simulator.fleet.sim_config import SimConfig
     from simulator.plan.executors import run_plan
     from simulator.plan.capacity import PlanSpec
     from simulator.fleet.sim_config import parse_pools, parse_slos
@@ -135,6 +137,11 @@ def plan_command(
         if shared.keys() & EngineChoice.model_fields.keys():  # an engine choice travels whole
             shared.update({name: knobs[name] for name in EngineChoice.model_fields})
         spec = PlanSpec(model, workload, slos, max_replicas=max_replicas, seed=seed, knobs=shared)
+        load_model(model)  # an unknown model is bad input, not a plan where nothing fits
+        try:  # the options every candidate shares, checked once: their errors name no candidate
+            SimConfig(model=model, hardware=candidates[0].hardware, slo=slos, **shared)
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc)) from None
         engines = {}
         for c in candidates:  # bad ids and values fail here, in one line, before any simulation
             try:

@@ -33,6 +33,13 @@ def test_plan_cli_json_and_bad_input(tmp_path) -> None:
                          (["--tp", "two"], "--tp takes a comma-separated list"), (["--growth", "0"], "positive")):
         result = runner.invoke(app, [*args, *bad])
         assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+    # Bad input every candidate shares: one line naming the option (not the candidate checked first),
+    # before any plan is printed.
+    for bad, message in ((["--model", "llama-9b"], "error: unknown model 'llama-9b'"),
+                         (["--slo", "ttft_p42=1s"], "error: --slo: unknown SLO")):
+        result = runner.invoke(app, [*args, *bad])
+        assert result.exit_code == 2 and result.stderr.startswith(message), result.output
+        assert len(result.stderr.strip().splitlines()) == 1 and "Cheapest fleet" not in result.stdout
 
 
 def test_plan_with_speculation_and_pipeline_options() -> None:
