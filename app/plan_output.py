@@ -53,7 +53,7 @@ def software_version() -> str:
 
 
 def about(spec, engines: dict, candidates, command: str, trace_name: str, growth=(1.0,),
-          exhaustive: bool = False) -> dict:
+          exhaustive: bool = False, trace_spec: str = "") -> dict:
     """The question in words and the footnotes: how the numbers were made."""
     import json
 
@@ -61,7 +61,7 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
     from simulator.cost.model import PARAMS_FILE
 
     hardware = list(dict.fromkeys(c.hardware for c in candidates))
-    trace = plan_words.trace_words(spec.workload, trace_name)
+    trace = plan_words.trace_words(spec.workload, trace_name, plan_words.nominal_rate(trace_spec))
     question = plan_words.question(spec.model, trace, hardware, sorted({c.quant for c in candidates}),
                                    sorted({c.tp for c in candidates}), spec.slo, growth,
                                    sorted({c.cp for c in candidates}))
@@ -124,7 +124,7 @@ def plan_document(spec, result, factors, engines: dict, candidates, command: str
                   exhaustive: bool = False) -> dict:
     rows = [r.row() for r in result.results]
     return {"model": spec.model, "trace": trace, "slo": spec.slo, "growth": factors, "reused_points": result.reused,
-            "about": about(spec, engines, candidates, command, trace_name(trace), factors, exhaustive),
+            "about": about(spec, engines, candidates, command, trace_name(trace), factors, exhaustive, trace),
             "recommendation": {str(g): (r.row() if (r := result.recommendation(g)) else None) for g in factors},
             "closest_miss": {str(g): closest_miss([x for x in rows if x["rate_scale"] == g]) for g in factors
                              if result.recommendation(g) is None},

@@ -38,11 +38,30 @@ def slo_words(slos: dict[str, float]) -> str:
     return " and ".join(f"{slo_metric(k)} ≤ {slo_value(k, v)}" for k, v in slos.items())
 
 
-def trace_words(workload, name: str | None = None) -> str:
-    """'400 requests at 8 req/s (ShareGPT lengths)' style: count, rate, where from."""
+def trace_words(workload, name: str | None = None, nominal_rate: float | None = None) -> str:
+    """'400 requests at 8 req/s (ShareGPT lengths)' style: count, rate, where from. nominal_rate:
+    the rate the trace was drawn at (a synthetic trace's rate=): said first, the sample's beside it."""
     rate = workload.rate_per_s
     at = f" at {rate:.3g} req/s" if math.isfinite(rate) else " all at once"
-    return f"{len(workload):,} requests{at}" + (f" ({name})" if name else "")
+    notes = [name] if name else []
+    if nominal_rate is not None and math.isfinite(nominal_rate) and math.isfinite(rate) \
+            and f"{nominal_rate:.3g}" != f"{rate:.3g}":
+        at = f" at {nominal_rate:.3g} req/s"
+        notes.append(f"{rate:.3g} req/s in this sample")
+    return f"{len(workload):,} requests{at}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def nominal_rate(trace: str) -> float | None:
+    """The rate a synthetic trace spec asks for (its rate=), None for any other trace."""
+    from simulator.workload.synthetic import parse_options, split_spec
+
+    if not trace.startswith("synthetic:"):
+        return None
+    try:
+        options = parse_options([p for p in split_spec(trace[len("synthetic:"):]) if "=" in p], trace)
+        return float(options["rate"]) if "rate" in options else None
+    except (ValueError, KeyError):
+        return None
 
 
 def length_percentiles(workload) -> str:

@@ -140,3 +140,17 @@ def test_plan_weighs_prefill_decode_disaggregation() -> None:
     assert split["feasible"] and split["gpus"] == 3 * split["replicas"]  # n x (1 prefill + 2 decode)
     bad = runner.invoke(app, ["plan", "--trace", trace, "--hardware", "h100-sxm", "--disaggregate", "1-2"])
     assert bad.exit_code == 2 and "disaggregate='1-2': write P:D" in bad.stderr
+
+
+def test_the_trace_is_said_at_its_nominal_rate_with_the_samples_beside_it() -> None:
+    from app import plan_words
+    from simulator.workload.load import load_workload
+
+    spec = f"synthetic:num=400,lengths={BUNDLED_LENGTHS},rate=8"
+    workload = load_workload(spec, seed=0)
+    assert plan_words.nominal_rate(spec) == 8.0 and plan_words.nominal_rate("trace.csv") is None
+    words = plan_words.trace_words(workload, "ShareGPT lengths", plan_words.nominal_rate(spec))
+    sample = f"{workload.rate_per_s:.3g}"
+    assert sample != "8" and words == f"400 requests at 8 req/s (ShareGPT lengths; {sample} req/s in this sample)"
+    assert plan_words.trace_words(workload, "x") == f"400 requests at {sample} req/s (x)"
+
