@@ -15,7 +15,8 @@ from app.knob_options import Knobs, Options, takes
 from simulator.fleet.knobs import EngineChoice, Fleet, KVCache, Parallelism, SchedulerLimits
 
 from app import plan_defaults
-from app.plan_output import NO_ANSWER, plan_document, print_plan, reproduce_command, simulate_recommended
+from app.plan_output import (NO_ANSWER, candidates_frame, plan_document, print_plan, reproduce_command,
+                             simulate_recommended)
 
 def parse_list(text: str, kind, option: str) -> list:
     try:
@@ -170,13 +171,11 @@ def plan_command(
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace(),
                              exhaustive)
     if out is not None:
-        import pandas as pd
-
         from app.plan_report import plan_report
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(jsonable(document), indent=2))
-        pd.DataFrame(document["candidates"]).to_csv(out / "candidates.csv", index=False)
+        candidates_frame(document["candidates"]).to_csv(out / "candidates.csv", index=False)
         plan_report(out / "report.html", jsonable(document), simulate_recommended(spec, result, factors[0]))
     if as_json:
         typer.echo(json.dumps(jsonable(document), indent=2))

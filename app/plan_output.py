@@ -187,3 +187,29 @@ def print_plan(document: dict) -> None:
             out.print(f"cannot meet them ({len(which)}): {reason}: {', '.join(which)}", highlight=False)
         for words in plan_words.choice_words(rows):
             out.print(words, highlight=False)
+
+
+# Integer fields of a plan row: written as integers in candidates.csv even where some rows have none.
+INTEGER_FIELDS = ("tp", "pp", "cp", "num_speculative_tokens", "replicas", "gpus", "requests", "replicas_slow_end",
+                  "replicas_at_least", "simulations")
+
+
+def candidates_frame(rows: list[dict]):
+    """candidates.csv: one column per value -- each SLO's measured value (slo_<metric>_s) and each
+    interval's ends (interval_<metric>_lo_s / _hi_s) -- integers as integers."""
+    import pandas as pd
+
+    flat = []
+    for row in rows:
+        out = {k: v for k, v in row.items() if k not in ("slo_measured", "intervals")}
+        for metric, value in (row.get("slo_measured") or {}).items():
+            out[f"slo_{metric}_s"] = value
+        for metric, (lo, hi) in (row.get("intervals") or {}).items():
+            out[f"interval_{metric}_lo_s"], out[f"interval_{metric}_hi_s"] = lo, hi
+        flat.append(out)
+    frame = pd.DataFrame(flat)
+    for name in INTEGER_FIELDS:
+        if name in frame:
+            frame[name] = frame[name].astype("Int64")
+    return frame
+

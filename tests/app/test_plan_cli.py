@@ -24,6 +24,15 @@ def test_plan_cli_json_and_bad_input(tmp_path) -> None:
     assert plan["recommendation"]["1.0"]["feasible"] and len(plan["candidates"]) == 4
     assert any("no fp8 tensor cores" in (c["reason"] or "") for c in plan["candidates"])
     assert (tmp_path / "plan.json").exists() and (tmp_path / "candidates.csv").exists()
+    import csv
+
+    with open(tmp_path / "candidates.csv") as f:  # one value per column, counts as integers
+        table = list(csv.DictReader(f))
+    text = (tmp_path / "candidates.csv").read_text()
+    assert "{" not in text and "[" not in text
+    best = next(r for r in table if r["candidate"] == plan["recommendation"]["1.0"]["candidate"])
+    assert best["replicas"].isdigit() and best["requests"].isdigit() and best["tp"] == "1"
+    assert float(best["slo_ttft_p99_s"]) == plan["recommendation"]["1.0"]["slo_measured"]["ttft_p99"]
     report = (tmp_path / "report.html").read_text()
     assert "Pareto front" in report and plan["recommendation"]["1.0"]["candidate"] in report
     for bad, message in ((["--hardware", "h900"], "unknown hardware"), (["--slo", "ttft_p99=fast"], "not a duration"),
