@@ -131,17 +131,22 @@ def choice_words(rows: list[dict]) -> list[str]:
 
 
 def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:
-    """Infeasible candidates (plan rows) grouped by reason, the largest group first. A reason names
-    its own accelerator ("a10g has no fp8 tensor cores"), read as "the accelerator", and its
-    figures in parentheses (what each candidate missed by) are left out of the grouping: the
-    same reason on several candidates is one group."""
-    groups: dict[str, list[str]] = {}
+    """Infeasible candidates (plan rows) grouped by reason, the largest group first. A reason that
+    names its own accelerator ("a10g has no fp8 tensor cores") is grouped with the same reason on
+    other accelerators, and said with all of theirs ("a100-80gb or a10g has no fp8 tensor cores");
+    its figures in parentheses (what each candidate missed by) are left out of the grouping."""
+    groups: dict[str, list[dict]] = {}
     for r in rows:
         own = re.compile(rf"(?<![\w-]){re.escape(str(r.get('hardware', '')))}(?![\w-])")
-        reason = own.sub("the accelerator", str(r.get("reason") or "no reason given"))
+        reason = own.sub(ACCELERATOR, str(r.get("reason") or "no reason given"))
         reason = re.sub(r" \([^()]*\)$", "", reason).strip()
-        groups.setdefault(reason, []).append(r["candidate"])
-    return sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        groups.setdefault(reason, []).append(r)
+    said = [(reason.replace(ACCELERATOR, either(list(dict.fromkeys(str(r.get("hardware")) for r in which)))),
+             [r["candidate"] for r in which]) for reason, which in groups.items()]
+    return sorted(said, key=lambda kv: -len(kv[1]))
+
+
+ACCELERATOR = "\x00accelerator\x00"  # where a reason named its own accelerator (reason_groups)
 
 
 def slo_rows(best: dict, slos: dict[str, float]) -> list[dict]:

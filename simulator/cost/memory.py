@@ -142,8 +142,9 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
         raise MemoryPlanError(
             f"{model.name} on {tp * pp * cp} x {accelerator.id} (tp={tp}, pp={pp}{ranks}, {weight_precision} weights) "
             f"leaves {max(kv, 0) / GB:.1f} GB for the KV cache after {weights / GB:.1f} GB of weights and "
-            f"{(activations + reserve) / GB:.1f} GB of activations and reserve: {num_blocks} blocks, fewer than the "
-            f"{needed} one {max_model_len or block_size}-token request needs. Use a larger tp, pp or cp, a smaller "
+            f"{(activations + reserve) / GB:.1f} GB of activations and reserve: {num_blocks} KV blocks, fewer than "
+            f"the {needed} block{'s' if needed != 1 else ''} one {max_model_len or block_size}-token request needs. "
+            "Use a larger tp, pp or cp, a smaller "
             "weight or KV precision, a lower max_num_batched_tokens or a shorter max_model_len")
     return MemoryPlan(memory_bytes, usable, weights, activations, reserve, per_token, kv, block_size, num_blocks, cp)
 

@@ -55,6 +55,7 @@ def test_the_plan_is_shown_in_labels_and_units_with_reasons_grouped_and_no_none(
     reasons = table(at, "Why not")
     assert list(reasons.columns) == ["Why not", "How many", "Deployments"]
     assert reasons["How many"].tolist() == [2] and "no fp8 tensor cores" in reasons["Why not"][0]
+    assert reasons["Why not"][0].startswith("a100-40gb or a100-80gb has no fp8")  # named, not "the accelerator"
     assert reasons["Deployments"][0] == "a100-40gb fp8 tp=1, a100-80gb fp8 tp=1"
     # The recommended fleet's SLOs (plan_words.slo_rows, as the report and terminal show them).
     latency = table(at, "SLO metric").set_index("SLO metric")
