@@ -10,6 +10,8 @@ from app.common import fail
 
 
 def app_command(port: int = typer.Option(8501, help="port to serve the app on"),
+                host: str = typer.Option("127.0.0.1", help="address to serve on: this machine only by default; "
+                                                           "0.0.0.0 to let other machines in (as `serve --host`)"),
                 headless: bool = typer.Option(False, "--headless", help="do not open a browser")) -> None:
     """Open the Streamlit app: plan a fleet, look at a trace."""
     import os
@@ -23,10 +25,11 @@ def app_command(port: int = typer.Option(8501, help="port to serve the app on"),
         fail(f"--port must be 1..65535, got {port}")
     main_page = Path(__file__).parent / "dashboard" / "main.py"
     command = [sys.executable, "-m", "streamlit", "run", str(main_page), "--server.port", str(port),
-               "--server.headless", "true" if headless else "false", "--browser.gatherUsageStats", "false"]
+               "--server.address", host, "--server.headless", "true" if headless else "false",
+               "--browser.gatherUsageStats", "false"]
     # Streamlit fails rather than move to another port, so this is the address it serves (it prints
     # its own Local/Network URLs once up).
-    typer.echo(f"servecast app: serving on http://localhost:{port} (Ctrl-C to stop)")
+    typer.echo(f"servecast app: serving on http://{host}:{port} (Ctrl-C to stop)")
     sys.stdout.flush()
     sys.stderr.flush()
     if os.name == "nt":  # os.exec* there starts a new process and ends this one: the PID would change

@@ -45,6 +45,22 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses of the sockets listening on this TCP port (Linux /proc/net; IPv6 as '::...')."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]) if width == 8 else "::" + address)
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -70,6 +86,8 @@ def test_sigterm_to_servecast_app_stops_the_server(tmp_path) -> None:
                 log.seek(0)
                 pytest.skip(f"streamlit did not start here: {log.read()[-500:]}")
             time.sleep(0.5)
+        # This machine only, as `serve`: every listening socket on the port is on 127.0.0.1.
+        assert listening_addresses(port) == {"127.0.0.1"}
         children = children_of(proc.pid)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=STOP_TIMEOUT_S)
@@ -79,7 +97,7 @@ def test_sigterm_to_servecast_app_stops_the_server(tmp_path) -> None:
         assert not accepts(port), f"port {port} still served after servecast app was stopped"
         assert not [pid for pid in children if alive(pid)], "a child of servecast app outlived it"
         log.seek(0)
-        assert f"http://localhost:{port}" in log.read()
+        assert f"http://127.0.0.1:{port}" in log.read()
     finally:
         if proc.poll() is None:
             proc.kill()
