@@ -44,8 +44,12 @@ def predict_command(
         spec = load_model(served.model)
         if spec.num_heads % tp != 0:
             raise ValueError(f"--tp {tp} must divide the model's {spec.num_heads} attention heads")
-        if tokens < 1 or decode_batch < 0 or context < 1:
-            raise ValueError("--tokens and --context must be positive, --decode-batch non-negative")
+        if decode_batch < 0:
+            raise ValueError(f"--decode-batch must be 0 (a prefill) or more (decodes), got {decode_batch}")
+        if decode_batch and context < 1:  # each option checked only where the step uses it
+            raise ValueError(f"--context must be positive for decodes, got {context}")
+        if not decode_batch and tokens < 1:
+            raise ValueError(f"--tokens must be positive for a prefill, got {tokens} (or give --decode-batch)")
         if parallel.expert_parallel:
             spec.check_expert_parallel(tp)
         from simulator.catalog.engines import load_engine

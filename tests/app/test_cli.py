@@ -90,10 +90,20 @@ def test_predict_json_has_per_operator_provenance() -> None:
     (["--hardware", "warp", "--model", "llama-2-7b"], "unknown hardware"),
     (["--hardware", "h100-sxm", "--model", "llama-2-7b", "--tp", "3"], "must divide"),
     (["--hardware", "cpu-local", "--model", "llama-2-7b"], "pass its profile"),
+    (["--hardware", "h100-sxm", "--model", "llama-2-7b", "--tokens", "0"], "--tokens must be positive"),
+    (["--hardware", "h100-sxm", "--model", "llama-2-7b", "--decode-batch", "8", "--context", "0"], "--context"),
 ])
 def test_predict_bad_input(args, message) -> None:
     result = runner.invoke(app, ["predict", *args])
     assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_predict_reads_only_the_options_its_step_uses() -> None:
+    # --tokens is the prefill's; a decode step ignores it, whatever its value.
+    result = runner.invoke(app, ["predict", "--hardware", "h100-sxm", "--model", "llama-2-7b", "--tokens", "0",
+                                 "--decode-batch", "32", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["step"] == {"decode_batch": 32, "context": 1024}
 
 
 def test_profile_then_predict_with_it(tmp_path) -> None:
