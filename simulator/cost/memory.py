@@ -118,8 +118,10 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
     the GPUs. cp: context-parallel ranks (the module's docstring)."""
     if memory_bytes is None:
         if accelerator.memory_gb is None:
-            raise MemoryPlanError(f"{accelerator.id} has no memory size in the catalog: set num_gpu_blocks "
-                               "(the KV blocks to simulate) or add memory_gb in a hardware file")
+            profiled = (f"{accelerator.id} is timed from its profile (--profile FILE; `servecast profile` makes "
+                        "one) and ") if accelerator.profiled else f"{accelerator.id} "
+            raise MemoryPlanError(f"{profiled}has no memory size in the catalog: give --num-gpu-blocks N (the KV "
+                                  "blocks to simulate) or memory_gb in a --hardware-file entry")
         memory_bytes = accelerator.memory_gb * GB
     usable = memory_bytes * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, weight_precision, tp, pp)

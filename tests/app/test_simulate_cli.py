@@ -58,6 +58,12 @@ def test_simulate_prints_a_summary() -> None:
     (["--trace", "synthetic:num=x"], "not a number"),
     (["--trace", "missing.csv"], "no trace file"),
     (["--quant", "int3"], "--quant"),
+    # A profiled local device: what it needs named by the options that give it.
+    (["--hardware", "cpu-local"], "timed from its profile (--profile FILE; `servecast profile` makes one) and has no "
+                                  "memory size in the catalog: give --num-gpu-blocks N"),
+    (["--hardware", "cpu-local", "--num-gpu-blocks", "64"], "pass its profile (run `servecast profile` first)"),
+    (["--hardware", "cpu-local", "--num-gpu-blocks", "64", "--profile", "missing-profile.json"],
+     "no profile at missing-profile.json"),
 ])
 def test_simulate_bad_input_exits_2_with_one_line(args, message) -> None:
     base = {"--model": "llama-3.1-8b", "--hardware": "h100-sxm", "--trace": "synthetic:num=5"}
