@@ -48,10 +48,22 @@ app.command("acceptance")(acceptance_command)
 
 def main() -> None:
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # the command line itself is malformed (Typer's parser)
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            exc.show()  # `servecast` alone: the help it asked for
+        else:  # a bad option: one line, exit 2, as every other bad input
+            named = {c.name for c in app.registered_commands}
+            command = " ".join(a for a in sys.argv[1:2] if a in named)
+            typer.echo(f"error: {exc.format_message()} (`servecast {command + ' ' if command else ''}--help` "
+                       "lists the options)", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

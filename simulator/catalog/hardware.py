@@ -92,8 +92,11 @@ def _parsed(path_name: str, mtime_ns: int, size: int) -> dict[str, Accelerator]:
     try:
         # libyaml's safe loader where PyYAML has it (ten times faster; every simulation reads the catalog)
         raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line: the problem and where (the parser's own text spans several)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{path} is not valid YAML: {problem}{where}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping of hardware id -> fields")
     out = {}

@@ -136,3 +136,37 @@ def test_calibrate_refits_into_a_given_file(tmp_path) -> None:
     assert set(params["held_out_a40_mape"]) >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
     bad = runner.invoke(app, ["calibrate", "--shared", str(tmp_path), "--out", str(out)])
     assert bad.exit_code == 2 and "no Vidur a100 profiles" in bad.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--replicas", "abc"], "error: Invalid value for '--replicas'"),
+    (["simulate", "--bogus"], "error: No such option: --bogus"),
+    (["nosuch"], "error: No such command 'nosuch'. (`servecast --help` lists the options)"),
+])
+def test_a_malformed_command_line_is_one_line_and_exit_2(argv, message, monkeypatch, capsys) -> None:
+    from app.cli import main
+
+    monkeypatch.setattr("sys.argv", ["servecast", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_entry_point_keeps_exit_statuses_and_help(monkeypatch, capsys) -> None:
+    from app.cli import main
+
+    for argv, status in ((["--help"], 0), ([], 2)):
+        monkeypatch.setattr("sys.argv", ["servecast", *argv])
+        with pytest.raises(SystemExit) as exited:
+            main()
+        assert exited.value.code == status and "Usage:" in capsys.readouterr().out
+
+
+def test_a_hardware_file_that_is_not_yaml_is_one_line(tmp_path) -> None:
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text("my-gpu:\n  memory_gb: [1, 2\n  price_per_hour_usd: 3\n")
+    result = runner.invoke(app, ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--hardware-file",
+                                 str(bad), "--trace", "synthetic:num=5"])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert f"{bad} is not valid YAML: did not find expected ',' or ']' at line 3" in result.stderr
