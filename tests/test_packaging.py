@@ -11,6 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "calibrate", "simulator", "app")
 
 
+def globbed(path: Path, pattern: str) -> bool:
+    """Whether setuptools' package-data glob takes this file: '*' stays inside one folder."""
+    parts = pattern.split("/")
+    return len(parts) == len(path.parts) and all(fnmatch.fnmatch(p, q) for p, q in zip(path.parts, parts))
+
+
 def test_every_data_file_of_the_packages_is_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     declared = config["tool"]["setuptools"]["package-data"]
@@ -21,7 +27,7 @@ def test_every_data_file_of_the_packages_is_package_data() -> None:
                 continue
             relative = path.relative_to(ROOT)
             owners = [name for name in declared if relative.parts[:len(name.split("."))] == tuple(name.split("."))]
-            if not any(fnmatch.fnmatch(str(relative.relative_to(Path(*owner.split(".")))), pattern)
+            if not any(globbed(relative.relative_to(Path(*owner.split("."))), pattern)
                        for owner in owners for pattern in declared[owner]):
                 missing.append(str(relative))
     assert not missing, f"not in [tool.setuptools.package-data], so not in a wheel: {missing}"
