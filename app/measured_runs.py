@@ -9,9 +9,10 @@ import math
 from pathlib import Path
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from app.common import dumps, fail, progress_bar, wide_console
+from app.common import dumps, fail, progress_bar
 
 # What --runs takes, and the defaults of runs that leave things out (validate and calibrate alike).
 RUNS_HELP = ("replay folders (servecast replay --out), folders of them, or markdown/CSV tables of runs (the shape "
@@ -38,23 +39,41 @@ def sources_name(runs: list[Path]) -> str:
     return ", ".join(p.name for p in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
 
 
+def metric_words(key: str) -> str:
+    """A run metric or error key in words: 'e2e_p99' -> 'E2E p99', 'ttft_mean_mdape' -> 'TTFT mean'."""
+    words = key.removesuffix("_mdape").removesuffix("_max_ape").split("_")
+    return " ".join([words[0].upper(), *words[1:]])
+
+
+def error_words(errors: dict) -> str:
+    """summary_errors in words: median absolute errors per metric, the worst E2E one, the saturated runs."""
+    parts = [f"{metric_words(k)} {v:.1f}\u00a0%" for k, v in errors.items() if k.endswith("_mdape") and v is not None]
+    if errors.get("e2e_mean_max_ape") is not None:
+        parts.append(f"worst E2E mean {errors['e2e_mean_max_ape']:.1f}\u00a0%")
+    if "saturated_predicted" in errors:
+        parts.append(f"saturated runs predicted saturated {errors['saturated_predicted']}")
+    if "runs" in errors:
+        parts.append(f"over {errors['runs']} unsaturated runs")
+    return ", ".join(parts)
+
+
 def runs_table(title: str, replayed) -> Table:
+    """Each run's error per metric (predicted vs measured; --json has both values): narrow enough
+    for a terminal, which wraps the rest."""
     from calibrate.runs.tables import METRICS
 
     table = Table(title=title)
-    table.add_column("run")
+    table.add_column("run", overflow="fold")
     table.add_column("model")
     table.add_column("tp", justify="right")
     for metric in METRICS:
-        table.add_column(f"{metric} ms", justify="right")
+        table.add_column(metric_words(metric), justify="right")
     table.add_column("saturated")
     for rep in replayed:
         cells = []
         for metric in METRICS:
-            measured = rep.run.measured.get(metric)
             error = rep.error(metric)
-            cells.append("-" if measured is None else f"{rep.predicted[metric]:,.1f} / {measured:,.1f}"
-                         + (f" ({100 * error:+.0f}%)" if error is not None and math.isfinite(error) else ""))
+            cells.append(f"{100 * error:+.0f} %" if error is not None and math.isfinite(error) else "-")
         table.add_row(rep.run.id[:24], rep.run.family, str(rep.run.tp), *cells,
                       f"{'yes' if rep.run.saturated else 'no'} / {'yes' if rep.saturated else 'no'}")
     return table
@@ -85,15 +104,13 @@ def validate_runs(runs: list[Path], engine: str | None, engine_file: Path | None
                                     "predicted": r.predicted, "saturated": [r.run.saturated, r.saturated]}
                                    for r in replayed]}))
         return
-    out = wide_console(220)
-    out.print(runs_table(f"{len(real)} runs of {sources_name(runs)} on engine {profile.id}: predicted / measured "
-                         "(saturated: measured / predicted)", replayed))
-    out.print("median absolute error over the unsaturated runs: "
-              + ", ".join(f"{k} {v}" for k, v in errors.items()))
+    out = Console()  # the terminal's width: the table is narrow, the sentences wrap
+    out.print(runs_table(f"{len(real)} runs of {sources_name(runs)} on engine {profile.id}: error of the predicted "
+                         "value (saturated: measured / predicted)", replayed))
+    out.print("median absolute error: " + error_words(errors))
     if profile.errors:
         out.print(f"(the profile's own cross-validated figures, on what it was fitted on -- {profile.fitted_on}: "
-                  + ", ".join(f"{k}: E2E {v.get('e2e_mean_mdape')} %, TTFT {v.get('ttft_mean_mdape')} %, "
-                              f"TPOT {v.get('tpot_mdape')} %" for k, v in profile.errors.items()) + ")")
+                  + "; ".join(f"{k.replace('_', ' ')}: " + error_words(v) for k, v in profile.errors.items()) + ")")
 
 
 def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: str | None, max_num_batched_tokens: int,
@@ -135,9 +152,9 @@ def calibrate_runs(runs: list[Path], out: Path, engine: str | None, hardware: st
                           "parameters": dict(zip(result.names, result.theta)), "errors": result.profile.errors,
                           "runs": list(by_run.values())}))
         return
-    console = wide_console(220)
-    console.print(runs_table(f"leave one run out on {sources_name(runs)}: predicted / measured",
-                             result.leave_one_run_out))
+    console = Console()  # the terminal's width: the table is narrow, the sentences wrap
+    console.print(runs_table(f"leave one run out on {sources_name(runs)}: error of the predicted value "
+                             "(saturated: measured / predicted)", result.leave_one_run_out))
     for label, errors in result.profile.errors.items():
-        console.print(f"{label}: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
+        console.print(f"{label.replace('_', ' ')}: " + error_words(errors))
     console.print(f"wrote {out}: use it with --engine-file {out}")

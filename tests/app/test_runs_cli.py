@@ -22,8 +22,11 @@ def test_validate_runs_prints_each_run_and_the_errors(tmp_path) -> None:
     out = json.loads(result.stdout)
     assert out["engine"] == "vllm-v0.15" and [r["id"] for r in out["runs"]] == ["a", "b"]
     assert out["errors"]["runs"] == 2 and all(r["predicted"]["e2e_mean"] > 0 for r in out["runs"])
-    table = runner.invoke(app, ["validate", "--runs", str(path), "--time-scale", "0.5", "--engine", "servecast"])
-    assert table.exit_code == 0 and "median absolute error" in table.output
+    table = runner.invoke(app, ["validate", "--runs", str(path), "--time-scale", "0.5", "--engine", "servecast"],
+                          env={"COLUMNS": "120"})
+    assert table.exit_code == 0 and "median absolute error: E2E mean" in table.output
+    # Within the terminal's width, in words: no raw keys.
+    assert max(map(len, table.output.splitlines())) <= 120 and "_mdape" not in table.output
 
 
 def test_runs_commands_refuse_bad_input_with_status_2(tmp_path) -> None:
