@@ -33,6 +33,12 @@ OWN_ENGINE = "servecast"
 INTERVAL = (0.1, 0.9)
 
 
+def residual_metric(key: str) -> str:
+    """The real-run metric whose residuals judge a figure or an SLO key ("ttft_p99", "e2e_mean",
+    ...): its own, except that TPOT and ITL read the mean TPOT's (the runs have no TPOT percentiles)."""
+    return "tpot" if key.startswith(("tpot", "itl")) else key
+
+
 def residual_quantile(residuals, q):
     """The q quantile of a few residuals at the Weibull plotting position (rank q (n + 1)): the
     interval between two such quantiles covers a new exchangeable residual with probability
@@ -108,17 +114,22 @@ class EngineProfile:
         lo, hi = residual_quantile(residuals, INTERVAL)
         return value * math.exp(lo), value * math.exp(hi)
 
-    def slow_end(self) -> "EngineProfile | None":
-        """The profile at its intervals' slow end: step times (operators and host terms) slower by
-        the upper quantile of the TPOT residuals, request latency by that of the TTFT residuals.
-        None without residuals."""
-        if len(self.residuals.get("tpot", [])) < 3:
-            return None
-        step = math.exp(max(0.0, residual_quantile(self.residuals["tpot"], INTERVAL[1])))
-        request = math.exp(max(0.0, residual_quantile(self.residuals.get("ttft_mean", [0.0]), INTERVAL[1])))
-        framework = {k: v * step if k.startswith(("step", "layer")) else v for k, v in self.framework.items()}
-        framework["operator_scale"] = self.framework.get("operator_scale", 1.0) * step
-        return replace(self, id=f"{self.id} (slow end)", framework=framework, request_s=self.request_s * request)
+    def bias(self, metric: str) -> float:
+        """The factor that takes a simulated value of this metric to what real serving measures,
+        on the median held-out run: exp(median residual); 1 without residuals. A predicted figure
+        is its simulated value times this, the centre of its interval's residuals: the SLO
+        verdicts, replica counts and headroom read it (simulator/fleet/summary.py)."""
+        residuals = self.residuals.get(metric, [])
+        return math.exp(float(np.median(residuals))) if len(residuals) >= 3 else 1.0
+
+    def top(self, metric: str) -> float:
+        """The factor from a simulated value to its 80 % interval's top: exp(upper quantile of the
+        residuals); 1 without residuals. The plan's slow end meets the SLOs at it."""
+        residuals = self.residuals.get(metric, [])
+        return math.exp(float(residual_quantile(residuals, INTERVAL[1]))) if len(residuals) >= 3 else 1.0
+
+    def has_residuals(self) -> bool:
+        return any(len(r) >= 3 for r in self.residuals.values())
 
     # -- reading and writing ------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -16,7 +16,7 @@ from simulator.fleet.disaggregated import pool_figures, simulate_disaggregated
 from simulator.fleet.fleet import FleetRecord, FleetSetup, cyclic_gc_paused, simulate_replicas
 from simulator.fleet.sim_config import SimConfig
 from simulator.fleet.slo_watch import SloWatch
-from simulator.fleet.summary import RunSummary, summarize
+from simulator.fleet.summary import RunSummary, slo_factors, summarize
 from simulator.workload.requests import Workload
 
 # Time-series samples per replica over the workload's span, when no interval is set.
@@ -63,7 +63,10 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     with cyclic_gc_paused():
         on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
         if stop_when_slo_missed:
-            watch = SloWatch(config.slo, len(workload), sum(r.output_tokens >= 2 for r in workload))
+            # Watched in simulated values: each limit over its factor to the predicted value.
+            factors = slo_factors(cost_model, config.slo)
+            watch = SloWatch({k: v / factors.get(k, 1.0) for k, v in config.slo.items()}, len(workload),
+                             sum(r.output_tokens >= 2 for r in workload))
         if replica_groups.applies(config) and timer is None:
             if watch is not None:  # one watch hears of every request: one process
                 records = replica_groups.simulate_each(fleet, workload, list(range(config.replicas)), on_done, watch)

@@ -5,11 +5,13 @@ observe None. It cannot be changed after it is made. No torch."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
 
+from simulator.catalog.engines import residual_metric
 from simulator.cost.memory import MemoryPlan
 from simulator.cost.model import CostModel
 from simulator.fleet.fleet import FleetRecord
@@ -63,6 +65,9 @@ class RunSummary(Part):
     # 80 % prediction intervals of latency figures ("ttft_s.mean": [low, high], seconds) from the
     # engine profile's cross-validated residuals on real runs; empty without them.
     intervals: dict[str, list[float]]
+    # The same figures predicted: simulated x the residuals' median (EngineProfile.bias), inside
+    # their intervals; the distributions above are as simulated. Empty without residuals.
+    predicted: dict[str, float]
     speculation: Speculation | None  # None without speculative decoding
     # The host KV tier (kv_offload_gb); None without one.
     kv_offload: KvOffload | None
@@ -91,6 +96,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
     finished, duration = figures.finished, figures.duration_s
     output_tokens, prompt_tokens = figures.output_tokens, figures.prompt_tokens
     slo = figures.slo.missed_at(dict(missed or {})) if stopped_early else figures.slo
+    slo = slo.calibrated(slo_factors(cost_model, config.slo))  # verdicts on the predicted values
     gpus = config.num_gpus
     split = record.split
     # Each of a replica's pp virtual engines is busy for its micro-batches' whole pipeline trips.
@@ -122,6 +128,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         cost_model=CostModelInfo("profile" if cost_model.profile is not None else "roofline x fitted efficiency",
                                  config.profile, cost_model.engine.id if cost_model.engine else None),
         intervals=prediction_intervals(cost_model, figures),
+        predicted=predicted_figures(cost_model, figures),
         speculation=speculation_summary(config, record.speculation),
         kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
         disaggregation=disaggregation(duration) if disaggregation is not None else None,
@@ -145,6 +152,28 @@ def prediction_intervals(cost_model: CostModel, figures) -> dict[str, list[float
         if interval is not None:
             out[f"{name}.{stat}"] = [interval[0], interval[1]]
     return out
+
+
+def predicted_figures(cost_model: CostModel, figures) -> dict[str, float]:
+    """The interval figures (INTERVAL_METRICS) predicted: simulated x EngineProfile.bias."""
+    engine = cost_model.engine
+    if engine is None or not engine.residuals:
+        return {}
+    out = {}
+    for (name, stat), metric in INTERVAL_METRICS.items():
+        value = getattr(getattr(figures, name), stat)
+        if len(engine.residuals.get(metric, [])) >= 3 and value is not None and math.isfinite(value):
+            out[f"{name}.{stat}"] = value * engine.bias(metric)
+    return out
+
+
+def slo_factors(cost_model: CostModel | None, slos: Mapping[str, float]) -> dict[str, float]:
+    """SLO key -> the factor from its simulated value to its predicted one (EngineProfile.bias of
+    its residual metric); {} without an engine profile's residuals."""
+    engine = cost_model.engine if cost_model is not None else None
+    if engine is None or not engine.has_residuals():
+        return {}
+    return {k: engine.bias(residual_metric(k)) for k in slos}
 
 
 def speculation_summary(config: SimConfig, counts: list[dict]) -> Speculation | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 class Part:
@@ -81,15 +81,23 @@ class Slo(Part):
     is met, whether all are, and the share of finished requests within every per-request limit."""
 
     targets: dict[str, float]
-    measured: dict[str, float]
+    measured: dict[str, float]  # predicted: simulated x the engine profile's bias (calibrated)
     met: dict[str, bool]
     all_met: bool
     requests_within_slo: float
+    simulated: dict[str, float] = field(default_factory=dict)  # as simulated, before calibrated(); {}: the same
 
     def missed_at(self, bounds: dict[str, float]) -> "Slo":
         """These SLOs with the given ones read as missed at those bounds (a run stopped early)."""
         return Slo(self.targets, {**self.measured, **bounds}, {**self.met, **dict.fromkeys(bounds, False)}, False,
-                   self.requests_within_slo)
+                   self.requests_within_slo, self.simulated)
+
+    def calibrated(self, factors: dict[str, float]) -> "Slo":
+        """Each measured value times its factor (EngineProfile.bias: simulated -> predicted), its
+        verdict taken again against its target; the values as simulated kept in `simulated`."""
+        measured = {k: v * factors.get(k, 1.0) for k, v in self.measured.items()}
+        met = {k: bool(measured[k] <= self.targets[k]) for k in measured}
+        return Slo(self.targets, measured, met, all(met.values()), self.requests_within_slo, dict(self.measured))
 
 
 @dataclass(frozen=True)

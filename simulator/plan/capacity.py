@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from simulator.catalog.engines import EngineProfile, residual_metric
 from simulator.cost.model import CostModel
 from simulator.fleet.costs import cost_model_for
 from simulator.fleet.run import simulate
@@ -143,20 +144,23 @@ Simulate = Callable[[SimConfig, Workload, CostModel], RunSummary]
 MAX_COPIES = 100
 
 
-def residual_metric(metric: str) -> str:
-    """The engine profile's residuals an interval on this metric comes from: its own (ttft_p99,
-    e2e_mean, ...), a TPOT's or ITL's from the mean TPOT's (the real runs have no TPOT percentiles)."""
-    return "tpot" if metric.startswith(("tpot", "itl")) else metric
-
-
 def run_summary(config: SimConfig, workload: Workload, cost_model: CostModel | None = None) -> RunSummary:
     # Only the verdict of a failing run is used: it may stop as soon as the verdict is certain.
     return simulate(config, workload, cost_model, stop_when_slo_missed=True).summary
 
 
 def meets(summary: RunSummary) -> bool:
-    """Every SLO met and every request served (a rejected request meets nothing)."""
+    """Every SLO met (on its predicted value: simulated x the engine profile's bias) and every
+    request served (a rejected request meets nothing)."""
     return bool(summary.slo.all_met) and summary.num_rejected == 0
+
+
+def meets_at_top(summary: RunSummary, engine: EngineProfile) -> bool:
+    """Every SLO met at the top of its 80 % interval (simulated x EngineProfile.top): the slow end."""
+    if summary.num_rejected or summary.stopped_early is not None:  # stopped: it missed even the centre
+        return False
+    simulated = summary.slo.simulated or summary.slo.measured
+    return all(simulated[k] * engine.top(residual_metric(k)) <= limit for k, limit in summary.slo.targets.items())
 
 
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
@@ -208,35 +212,37 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.gpus = spec.config(candidate, replicas).num_gpus
     result.usd_per_hour = cost.usd_per_hour
     result.usd_per_million_output_tokens = cost.usd_per_million_output_tokens
-    result.ttft_p99_s = summary.ttft_s.p99
-    result.tpot_p99_s = summary.tpot_s.p99
-    result.e2e_p99_s = summary.e2e_s.p99
+    engine = cost_model.engine
+    simulated = {"ttft_p99": summary.ttft_s.p99, "tpot_p99": summary.tpot_s.p99, "e2e_p99": summary.e2e_s.p99,
+                 **{k: v for k, v in (summary.slo.simulated or summary.slo.measured).items() if k in spec.slo}}
+    # Predicted: simulated x the residuals' median, inside its interval, as the verdicts read it.
+    bias = (lambda k: engine.bias(residual_metric(k))) if engine is not None else (lambda k: 1.0)
+    result.ttft_p99_s, result.tpot_p99_s, result.e2e_p99_s = (simulated[k] * bias(k) for k in
+                                                              ("ttft_p99", "tpot_p99", "e2e_p99"))
     result.requests = summary.num_requests
     result.slo_measured = {k: v for k, v in summary.slo.measured.items() if k in spec.slo}
-    values = {"ttft_p99": summary.ttft_s.p99, "tpot_p99": summary.tpot_s.p99, "e2e_p99": summary.e2e_s.p99,
-              **result.slo_measured}
-    if cost_model.engine is not None:
-        result.intervals = {k: list(interval) for k, v in values.items()
-                            if (interval := cost_model.engine.interval(residual_metric(k), v)) is not None}
+    if engine is not None:
+        result.intervals = {k: list(interval) for k, v in simulated.items()
+                            if (interval := engine.interval(residual_metric(k), v)) is not None}
     return plan_extras(spec, result, run, cost_model, headroom, slow_end)
 
 
 def plan_extras(spec: PlanSpec, result: CandidateResult, run: Simulate = run_summary,
                 cost_model: CostModel | None = None, headroom: bool = True, slow_end: bool = True
                 ) -> CandidateResult:
-    """A feasible result with its slow end (the same search on step times at the engine profile's
-    interval's slow end, from its replicas up) and its headroom filled in; changes `result`."""
+    """A feasible result with its slow end (the fewest replicas, from its own up, whose SLO
+    figures meet their limits at the top of their 80 % intervals: meets_at_top) and its headroom
+    filled in; changes `result`."""
     candidate, replicas, workload = result.candidate, result.replicas, spec.probe(result.rate_scale)
     config = spec.config(candidate, 1)
     cost_model = cost_model or cost_model_for(config)
-    slow = cost_model.engine.slow_end() if slow_end and cost_model.engine is not None else None
-    if slow is not None:
-        slow_model = cost_model_for(config, engine=slow)
+    engine = cost_model.engine
+    if slow_end and engine is not None and engine.has_residuals():
         slow_runs: dict[int, bool] = {}
 
         def holds_slow(n: int) -> bool:
             if n not in slow_runs:
-                slow_runs[n] = meets(run(spec.config(candidate, n), workload, slow_model))
+                slow_runs[n] = meets_at_top(run(spec.config(candidate, n), workload, cost_model), engine)
                 result.simulations += 1
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)

@@ -23,6 +23,10 @@ def test_plan_cli_json_and_bad_input(tmp_path) -> None:
     plan = json.loads(result.stdout)
     assert plan["recommendation"]["1.0"]["feasible"] and len(plan["candidates"]) == 4
     assert any("no fp8 tensor cores" in (c["reason"] or "") for c in plan["candidates"])
+    for row in (c for c in plan["candidates"] if c["feasible"]):  # every answer inside its own interval
+        predicted = {**row["slo_measured"], "ttft_p99": row["ttft_p99_s"], "e2e_p99": row["e2e_p99_s"]}
+        assert row["intervals"] and all(row["intervals"][k][0] <= v <= row["intervals"][k][1]
+                                        for k, v in predicted.items()), row
     assert (tmp_path / "plan.json").exists() and (tmp_path / "candidates.csv").exists()
     import csv
 

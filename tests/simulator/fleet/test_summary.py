@@ -121,3 +121,30 @@ def test_no_finished_request_gives_nan_distributions_and_zero_throughput() -> No
     assert figures.throughput.requests_per_s == 0.0 and figures.goodput.output_tokens_per_s == 0.0
     assert all(math.isnan(v) for d in (figures.ttft_s, figures.itl_s) for v in d.to_dict().values())
     assert figures.slo.met == {"ttft_p99": False} and figures.slo.all_met is False
+
+
+def test_a_prediction_sits_inside_its_interval_and_the_slo_verdict_reads_it() -> None:
+    from simulator.catalog.engines import residual_metric
+    from simulator.fleet.costs import cost_model_for
+
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", slo={"ttft_p99": 10.0, "e2e_mean": 60.0})
+    workload = load_workload(SPEC, seed=1)
+    s = simulate(config, workload).summary
+    engine = cost_model_for(config).engine
+    assert s.intervals and set(s.predicted) == set(s.intervals)
+    for key, (lo, hi) in s.intervals.items():  # the held-out residuals' median lies inside their 80 % range
+        assert lo <= s.predicted[key] <= hi, key
+    # The profile's TTFT p99 residuals are biased (real runs slower than simulated): the prediction
+    # carries it, and the SLO is judged on the prediction, the simulated value kept beside it.
+    bias = engine.bias(residual_metric("ttft_p99"))
+    assert bias > 1.05 and s.predicted["ttft_s.p99"] == pytest.approx(s.ttft_s.p99 * bias)
+    assert s.slo.simulated["ttft_p99"] == pytest.approx(s.ttft_s.p99)
+    assert s.slo.measured["ttft_p99"] == pytest.approx(s.ttft_s.p99 * bias)
+    # A limit between the simulated and the predicted value: missed, in a full run and in one that
+    # stops as soon as the miss is certain.
+    between = s.ttft_s.p99 * (1 + bias) / 2
+    tight = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", slo={"ttft_p99": between})
+    full = simulate(tight, workload).summary.slo
+    stopped = simulate(tight, workload, stop_when_slo_missed=True).summary.slo
+    assert full.met == {"ttft_p99": False} and not full.all_met and not stopped.all_met
+    assert s.ttft_s.p99 < between < full.measured["ttft_p99"]
