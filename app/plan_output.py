@@ -10,6 +10,7 @@ from rich.table import Table
 
 from app import labels, plan_words
 from app.common import wide_console
+from simulator.fleet.costs import KERNELS_FITTED, VALIDATED, cost_basis
 
 # Exit status when the plan has no answer (no candidate meets the SLOs at some traffic asked about):
 # distinct from 0 (answered) and 2 (bad input).
@@ -68,9 +69,9 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
     names = sorted({e.id for e in engines.values()})
     flags = {}
     for c in candidates:
-        engine, accelerator = engines[c.label], get_accelerator(c.hardware, spec.knobs.get("hardware_file"))
-        if not accelerator.profiled and c.hardware not in engine.device_scales:
-            flags[c.label] = f"{c.hardware}: kernel costs extrapolated from other devices' curves"
+        basis = cost_basis(spec.config(c, 1))
+        if basis != VALIDATED:
+            flags[c.label] = basis_words(c.hardware, basis)
     footnotes = [f"Kernel costs: roofline x efficiency curves fitted on "
                  f"{json.loads(PARAMS_FILE.read_text()).get('fitted_on', 'measured kernels')}; an accelerator "
                  "without a profile of its own runs them at its catalog peak FLOPS and bandwidth (extrapolated)."]
@@ -105,6 +106,13 @@ def about(spec, engines: dict, candidates, command: str, trace_name: str, growth
                        if any(c.cp > 1 for c in candidates) else "")}
 
 
+def basis_words(hardware: str, basis: str) -> str:
+    """Why a candidate's costs are not validated, in words (simulator/fleet/costs.py cost_basis)."""
+    if basis == KERNELS_FITTED:
+        return f"{hardware}: kernel costs fitted on its own kernel profiles; serving on it not validated on real runs"
+    return f"{hardware}: kernel costs extrapolated from another device's curves; never profiled or validated here"
+
+
 def trace_name(trace: str) -> str:
     from simulator.workload.requests import BUNDLED_LENGTHS
 
@@ -126,6 +134,9 @@ def plan_document(spec, result, factors, engines: dict, candidates, command: str
     return {"model": spec.model, "trace": trace, "slo": spec.slo, "growth": factors, "reused_points": result.reused,
             "about": about(spec, engines, candidates, command, trace_name(trace), factors, exhaustive, trace),
             "recommendation": {str(g): (r.row() if (r := result.recommendation(g)) else None) for g in factors},
+            # The cheapest fleet on costs validated on real runs (the recommendation itself where it is one).
+            "validated_recommendation": {str(g): (r.row() if (r := result.validated_recommendation(g)) else None)
+                                         for g in factors},
             "closest_miss": {str(g): closest_miss([x for x in rows if x["rate_scale"] == g]) for g in factors
                              if result.recommendation(g) is None},
             "pareto": {str(g): [r.candidate.label for r in result.pareto(g)] for g in factors},
@@ -164,6 +175,9 @@ def print_plan(document: dict) -> None:
                       + (f"; {slow} replica{'s' if slow != 1 else ''} at the slow end of the 80 % interval"
                          if slow is not None else ""),
                       highlight=False)
+            caveat = basis_caveat(best, document["validated_recommendation"][str(g)])
+            if caveat:
+                out.print(f"[bold yellow]⚠ {caveat}[/]", highlight=False)
         feasible = plan_words.cheapest_first(rows)
         if feasible:
             table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs, cheapest first")
@@ -212,4 +226,15 @@ def candidates_frame(rows: list[dict]):
         if name in frame:
             frame[name] = frame[name].astype("Int64")
     return frame
+
+
+def basis_caveat(best: dict, validated: dict | None) -> str | None:
+    """Beside a recommendation whose costs are not validated: why, and the cheapest fleet that is
+    (plan rows); None when the recommendation is validated itself."""
+    if best.get("cost_basis") in (None, VALIDATED):
+        return None
+    other = (f"the cheapest on validated costs: {validated['replicas']} x {validated['candidate']} at "
+             f"{labels.text('usd_per_hour', validated['usd_per_hour'])}/hour") if validated else \
+        "no candidate on validated costs meets the SLOs"
+    return f"rests on unvalidated costs ({basis_words(best['hardware'], best['cost_basis'])}); {other}"
 

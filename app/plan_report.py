@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from app import labels, plan_words
 from app.html_report import intervals_figure, latency_cdfs, time_split_figure, timeseries_figure
+from app.plan_output import basis_caveat
 from simulator.fleet.sim_config import parse_pools
 
 FEASIBLE_FIELDS = ("candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
@@ -71,7 +72,7 @@ def sortable_table(rows: list[dict], fields, flags: dict[str, str] | None = None
     return f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def answer_html(best: dict | None, growth: float, slos: dict, closest: str | None) -> str:
+def answer_html(best: dict | None, growth: float, slos: dict, closest: str | None, validated: dict | None = None) -> str:
     if best is None:
         return (f"<div class='answer none'><b>At traffic x{growth:g} no candidate meets "
                 f"{esc(plan_words.slo_words(slos))}.</b> {esc(closest or '')}</div>")
@@ -85,6 +86,9 @@ def answer_html(best: dict | None, growth: float, slos: dict, closest: str | Non
              f"before an SLO is missed.</p>",
              "<table><thead><tr><th>SLO metric</th><th>predicted</th><th>80 % interval</th><th>limit</th>"
              "<th>met</th></tr></thead><tbody>" + rows + "</tbody></table>"]
+    caveat = basis_caveat(best, validated)
+    if caveat:
+        lines.insert(1, f"<p class='caveat'><span class='flag'>⚠</span> {esc(caveat[0].upper() + caveat[1:])}.</p>")
     if slow is not None:
         lines.append(f"<p>If serving runs at the slow end of the 80 % interval, {slow} replica"
                      f"{'s' if slow != 1 else ''} would be needed ({slow - best['replicas']:+d}).</p>")
@@ -162,7 +166,8 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
         best = document["recommendation"].get(str(g))
         if len(document["growth"]) > 1:
             parts.append(f"<h2>Traffic x{g:g}</h2>")
-        parts.append(answer_html(best, g, slos, document.get("closest_miss", {}).get(str(g))))
+        parts.append(answer_html(best, g, slos, document.get("closest_miss", {}).get(str(g)),
+                                 document.get("validated_recommendation", {}).get(str(g))))
         feasible = plan_words.cheapest_first(rows)
         if feasible:
             parts.append(f"<h3>Deployments that meet the SLOs ({len(feasible)}), cheapest first</h3>")

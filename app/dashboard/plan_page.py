@@ -11,11 +11,13 @@ import streamlit as st
 
 from app import html_report, labels, plan_defaults, plan_words
 from app.dashboard import tables
+from app.plan_output import basis_caveat
 from app.plan_report import FEASIBLE_FIELDS
 from app.dashboard.widgets import CP_SIZES, SPLITS, trace_input, trace_words
 from simulator.catalog.models import catalog_model_ids, load_model
 from simulator.plan.executors import run_plan
-from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.capacity import (Candidate, CandidateResult, PlanSpec, pareto_front, recommend,
+                                     recommend_validated)
 from simulator.plan.grid import candidate_grid
 
 QUANTS, TPS, GROWTHS = ["bf16", "fp8", "int8", "int4"], [1, 2, 4, 8], [1.0, 2.0, 4.0]
@@ -151,13 +153,17 @@ def sensitivity(by_growth: dict[float, dict | None], by_slo: dict[float, dict | 
         st.plotly_chart(fig, key=title)
 
 
-def recommended(best: dict, ask: tuple, growth: float) -> None:
+def recommended(best: dict, ask: tuple, growth: float, validated: dict | None = None) -> None:
     """The recommended fleet: its cost, its latencies against the SLOs with their 80 % intervals,
-    and the replicas it needs if serving runs at the slow end of those intervals."""
+    and the replicas it needs if serving runs at the slow end of those intervals; beside it, where
+    its costs are not validated on real runs, why, and the cheapest fleet whose costs are."""
     model, trace_key, workload, slo = ask
     st.success(f"Recommended: {fleet_name(best)} -- {labels.text('usd_per_hour', best['usd_per_hour'])} / hour, "
                f"{labels.text('usd_per_million_output_tokens', best['usd_per_million_output_tokens'])} "
                "per million output tokens")
+    caveat = basis_caveat(best, validated)
+    if caveat:
+        st.warning(markdown_text(caveat[0].upper() + caveat[1:]) + ".")
     candidate = tuple((k, best[k]) for k in Candidate.__dataclass_fields__)
     with st.spinner("simulating the recommended fleet for its intervals"):
         summary = fleet_summary(model, trace_key, workload, slo, candidate, best["replicas"], growth)
@@ -190,7 +196,8 @@ def show(rows: list[dict], growth: list[float], by_slo: dict[float, list[dict]],
         if best is None:
             st.error("No candidate meets the SLOs at this traffic; see the reasons below.")
         else:
-            recommended(best, ask, g)
+            validated = recommend_validated([CandidateResult.from_row(r) for r in at])
+            recommended(best, ask, g, validated.row() if validated is not None else None)
             front = [r.candidate.label for r in pareto_front([CandidateResult.from_row(r) for r in at])]
             st.plotly_chart(html_report.pareto_figure(at, front, g), key=f"pareto_{g}")
         feasible = plan_words.cheapest_first(at)

@@ -274,6 +274,7 @@ def build_params(shared: Path = SHARED, out: Path = PARAMS_OUT, progress: Progre
     by_curve = {(f"gemm:{k}" if k in HELD_OUT_OPS else f"elementwise:{k}"): round(v, 4) for k, v in held_out.items()}
     by_curve["gemm"] = round(gemm_error, 4)
     params = {
+        "fitted_device": "a100-80gb",  # the catalog accelerator those profiles measured
         "fitted_on": "Vidur A100-80GB mlp.csv profiles (fp16), ../shared/profiles/vidur; calibrate/fitting/curve.py",
         "curves": {k: v.to_dict() for k, v in sorted(curves.items())},
         "all_reduce": all_reduce,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -71,6 +72,9 @@ class CostModel:
         self.graph_sizes: tuple[int, ...] = ()  # the engine's CUDA-graph sizes for this server's limits
         # Operator family (gemm, ...) -> its speed under the engine on this device (fitted on real runs).
         self.scales: dict[str, float] = {}
+        # The catalog accelerator whose own kernel measurements the shipped curves were fitted on:
+        # its operators on those curves are "fitted", not "extrapolated".
+        self.fitted_device: str | None = None
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -116,6 +120,7 @@ class CostModel:
             bandwidth = profile.peaks.get("memory_bandwidth")
         model = cls(accelerator, curves, errors, profile, peak, bandwidth)
         model.collective = shipped.get("all_reduce", model.collective)
+        model.fitted_device = shipped.get("fitted_device")
         return model
 
     def _changed(self, **fields) -> "CostModel":
@@ -242,7 +247,9 @@ class CostModel:
         and arithmetic speed cm.scales[family + "_compute"] (sources.Modeled)."""
         used = self.curve_used(curve_name)
         if provenance is None:
-            provenance = "fitted" if self.profile is not None else "extrapolated"
+            own_curve = used == curve_name or (curve_name.startswith("gemm:") and used == "gemm")
+            fitted_here = self.accelerator.id == self.fitted_device and own_curve
+            provenance = "fitted" if self.profile is not None or fitted_here else "extrapolated"
         if expected_error is None:
             expected_error = self.expected_error(provenance, curve_name)
         family = family or curve_name.split(":")[0]
@@ -257,3 +264,10 @@ class CostModel:
         if reader is None:
             raise ValueError(f"unknown operator {kind!r}; known: {', '.join(READERS)}")
         return reader(self, *args, **params)
+
+
+@functools.lru_cache(maxsize=4)
+def fitted_device(params_file: str | Path = PARAMS_FILE) -> str | None:
+    """The catalog accelerator the shipped efficiency curves were fitted on (its kernel profiles)."""
+    return json.loads(Path(params_file).read_text()).get("fitted_device")
+

@@ -6,7 +6,7 @@ it in. No torch."""
 from __future__ import annotations
 
 from simulator.catalog.engines import EngineProfile
-from simulator.cost.model import CostModel
+from simulator.cost.model import CostModel, fitted_device
 from simulator.fleet.sim_config import SimConfig
 
 
@@ -20,3 +20,20 @@ def cost_model_for(config: SimConfig, device: CostModel | None = None,
     if device.engine is not None and engine is None:
         return device
     return device.with_engine(engine or config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
+
+
+# How far a configuration's step costs rest on measurements of its own accelerator (cost_basis).
+VALIDATED, KERNELS_FITTED, EXTRAPOLATED = "validated", "kernels fitted", "extrapolated"
+
+
+def cost_basis(config: SimConfig) -> str:
+    """VALIDATED: its serving engine's profile was fitted on real serving runs on this accelerator;
+    KERNELS_FITTED: its kernel costs were fitted on this accelerator's own measurements (a profiled
+    device, or the one the shipped curves were fitted on), serving on it never validated;
+    EXTRAPOLATED: another device's curves at this one's catalog peaks."""
+    if config.hardware in config.engine_profile().device_scales:
+        return VALIDATED
+    if config.accelerator().profiled or config.hardware == fitted_device():
+        return KERNELS_FITTED
+    return EXTRAPOLATED
+

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from simulator.catalog.engines import EngineProfile, residual_metric
 from simulator.cost.model import CostModel
-from simulator.fleet.costs import cost_model_for
+from simulator.fleet.costs import VALIDATED, cost_basis, cost_model_for
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig, parse_pools
 from simulator.fleet.summary import RunSummary
@@ -124,6 +124,9 @@ class CandidateResult:
     # Not searched to the end: it needs at least this many replicas (a fleet dearer than the cheapest
     # found: simulator/plan/search.py), reason says why.
     replicas_at_least: int | None = None
+    # How far its step costs rest on its own accelerator's measurements (simulator/fleet/costs.py
+    # cost_basis: validated, kernels fitted, extrapolated); None where the candidate cannot run.
+    cost_basis: str | None = None
     simulations: int = 0
 
     def row(self) -> dict:
@@ -181,6 +184,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         return result
     # One cost model for every simulation of this candidate (the replica count changes nothing in it).
     cost_model = cost_model_for(config)
+    result.cost_basis = cost_basis(config)
     summaries: dict[int, RunSummary] = {}
 
     def holds(replicas: int) -> bool:
@@ -303,6 +307,11 @@ def pareto_front(results: Sequence[CandidateResult]) -> list[CandidateResult]:
              if not any((o.usd_per_hour <= r.usd_per_hour and o.e2e_p99_s <= r.e2e_p99_s)
                         and (o.usd_per_hour < r.usd_per_hour or o.e2e_p99_s < r.e2e_p99_s) for o in feasible)]
     return sorted(front, key=lambda r: (r.usd_per_hour, r.e2e_p99_s))
+
+
+def recommend_validated(results: Sequence[CandidateResult]) -> CandidateResult | None:
+    """recommend() among the candidates whose costs were validated on real runs on their accelerator."""
+    return recommend([r for r in results if r.cost_basis == VALIDATED])
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from simulator.plan import search
 from simulator.plan.capacity import (Candidate, CandidateResult, PlanSpec, pareto_front, plan_candidate, plan_extras,
-                                     recommend)
+                                     recommend, recommend_validated)
 from simulator.plan.study import Study, plan_digest, point_key
 
 WORKER_FAILED = "worker failed"
@@ -35,6 +35,10 @@ class PlanResult:
 
     def recommendation(self, rate_scale: float = 1.0) -> CandidateResult | None:
         return recommend(self.at(rate_scale))
+
+    def validated_recommendation(self, rate_scale: float = 1.0) -> CandidateResult | None:
+        """The cheapest fleet whose costs were validated on real runs on its accelerator."""
+        return recommend_validated(self.at(rate_scale))
 
     def pareto(self, rate_scale: float = 1.0) -> list[CandidateResult]:
         return pareto_front(self.at(rate_scale))

@@ -13,8 +13,10 @@ dwells on. So, per traffic level:
    latency), and one that needs more is bounded out with that count. A search that finds its
    fleet finds the same fewest replicas as an uncapped one (more replicas never hurt, so a fleet
    that holds at the cap holds wherever the uncapped search would look).
-3. The recommended fleet and the Pareto front (of the candidates searched to the end) then get
-   their headroom and slow end (capacity.plan_extras).
+3. The recommended fleet, the cheapest on validated costs (candidates on an accelerator the
+   engine profile was fitted on real runs of are capped by the cheapest of their own kind, so one
+   is found) and the Pareto front (of the candidates searched to the end) then get their headroom
+   and slow end (capacity.plan_extras).
 
 The rounds are a fixed size, not the number of workers, so the answer, every bound included,
 is the same on one process or many. exhaustive=True in run_plan skips all this and searches
@@ -26,8 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from simulator.fleet.costs import VALIDATED, cost_basis
 from simulator.plan.bounds import ReplicaBound, replica_bound
-from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, pareto_front, recommend
+from simulator.plan.capacity import (Candidate, CandidateResult, PlanSpec, pareto_front, recommend,
+                                     recommend_validated)
 
 BOUNDED_OUT = "bounded out: dearer than the cheapest fleet found, whatever its replicas"
 ROUND = 4  # candidates per traffic level started together between two updates of the cheapest fleet
@@ -60,8 +64,11 @@ def search(spec: PlanSpec, points: Sequence[tuple[Candidate, float]], run: RunTa
             bounds[i] = replica_bound(spec, candidate, growth)
         except ValueError as exc:  # what its simulation would report: it cannot run
             results[i] = done.get(i) or CandidateResult(candidate, growth, feasible=False, reason=str(exc))
+    # A candidate on validated costs competes with the cheapest validated fleet, so that the plan
+    # names one beside a recommendation that rests on extrapolated costs.
+    validated = {i: cost_basis(spec.config(points[i][0], 1)) == VALIDATED for i in bounds}
     levels = sorted({g for _, g in points})
-    cheapest = dict.fromkeys(levels, math.inf)
+    cheapest = {(g, v): math.inf for g in levels for v in (False, True)}
     queues = {g: sorted((i for i in bounds if points[i][1] == g), key=lambda i: (bounds[i].usd_per_token_s, i))
               for g in levels}
     if progress is not None:
@@ -72,7 +79,8 @@ def search(spec: PlanSpec, points: Sequence[tuple[Candidate, float]], run: RunTa
             taken = 0
             while queues[g] and taken < ROUND:
                 i = queues[g].pop(0)
-                bound, best = bounds[i], cheapest[g]
+                bound = bounds[i]
+                best = cheapest[g, True] if validated[i] else min(cheapest[g, False], cheapest[g, True])
                 if bound.usd_per_replica is None or math.isinf(best):
                     most = None  # nothing to beat yet (or no price to compare): searched to the end
                 elif bound.usd_per_hour > best * (1 + 1e-9):
@@ -91,9 +99,10 @@ def search(spec: PlanSpec, points: Sequence[tuple[Candidate, float]], run: RunTa
                 result = bounded_out(result.candidate, result.rate_scale, result.replicas_at_least, bounds[i], best,
                                      result.simulations)
             results[i] = result
-        for g in levels:
-            cheapest[g] = min([cheapest[g]] + [r.usd_per_hour for r in results.values() if r.rate_scale == g
-                                               and r.feasible and r.usd_per_hour is not None])
+        for i, result in results.items():
+            if result.feasible and result.usd_per_hour is not None and i in validated:
+                key = (result.rate_scale, validated[i])
+                cheapest[key] = min(cheapest[key], result.usd_per_hour)
         if progress is not None:
             progress(len(results))
     return results
@@ -105,7 +114,7 @@ def shown(results: Sequence[CandidateResult]) -> list[int]:
     picked = []
     for g in sorted({r.rate_scale for r in results}):
         level = [r for r in results if r.rate_scale == g]
-        best = recommend(level)
-        front = {id(r) for r in pareto_front(level)} | ({id(best)} if best is not None else set())
+        best = [r for r in (recommend(level), recommend_validated(level)) if r is not None]
+        front = {id(r) for r in pareto_front(level)} | {id(r) for r in best}
         picked += [i for i, r in enumerate(results) if id(r) in front]
     return [i for i in picked if results[i].headroom is None and results[i].replicas_slow_end is None]

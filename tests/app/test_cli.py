@@ -83,6 +83,12 @@ def test_predict_json_has_per_operator_provenance() -> None:
     assert out["step_time_s"] == pytest.approx(sum(op["time_s"] for op in out["operators"].values()))
     assert out["operators"]["qkv_proj"]["provenance"] == "extrapolated"
     assert "all_reduce" in out["operators"]
+    # On the accelerator whose kernel profiles the shipped curves were fitted on, its GEMMs and
+    # elementwise operators are fitted; attention, which those profiles do not cover, is not.
+    a100 = json.loads(runner.invoke(app, ["predict", "--hardware", "a100-80gb", "--model", "llama-2-7b",
+                                          "--json"]).stdout)["operators"]
+    assert a100["qkv_proj"]["provenance"] == a100["rms_norm"]["provenance"] == "fitted"
+    assert a100["attention_prefill"]["provenance"] == "extrapolated"
 
 
 @pytest.mark.parametrize("args, message", [

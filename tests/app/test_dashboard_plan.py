@@ -44,6 +44,7 @@ def test_the_plan_is_shown_in_labels_and_units_with_reasons_grouped_and_no_none(
     assert not at.exception
     assert "for 40 requests at 8 req/s" in question_shown(at) and "(fp8 weights, TP 1)" in question_shown(at)
     assert "Recommended: 1 x h100-sxm fp8 tp=1" in at.success[0].value
+    assert not at.warning  # on validated costs (h100-sxm): no caveat
     for frame in at.dataframe:  # every table: no empty cell (Streamlit writes None there), no "None"
         cells = frame.value.astype(str)
         assert not frame.value.isna().any().any() and not cells.isin(["None", "nan"]).any().any()
@@ -81,3 +82,14 @@ def test_a_table_keeps_numbers_in_the_label_units_and_writes_a_dash_where_one_is
     assert table["Headroom (x traffic)"].tolist() == ["x1.50", "–"]
     shown = readable(pd.DataFrame({"threads": [8, None], "dtype": ["fp32", None]}))
     assert shown.to_dict("list") == {"threads": ["8", "–"], "dtype": ["fp32", "–"]}
+
+
+def test_the_plan_page_says_when_the_answer_rests_on_unvalidated_costs() -> None:
+    at = page("plan_page.py")
+    at.number_input(key="plan_num").set_value(40)
+    at.multiselect(key="hardware").set_value(["mi300x", "h100-sxm"])
+    at.multiselect(key="quant").set_value(["fp8"])
+    at.multiselect(key="tp").set_value([1])
+    at.button[0].click().run()
+    assert not at.exception and "Recommended: 1 x mi300x fp8 tp=1" in at.success[0].value
+    assert "unvalidated costs" in at.warning[0].value and "h100-sxm fp8 tp=1" in at.warning[0].value

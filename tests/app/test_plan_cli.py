@@ -167,3 +167,20 @@ def test_the_trace_is_said_at_its_nominal_rate_with_the_samples_beside_it() -> N
     assert sample != "8" and words == f"400 requests at 8 req/s (ShareGPT lengths; {sample} req/s in this sample)"
     assert plan_words.trace_words(workload, "x") == f"400 requests at {sample} req/s (x)"
 
+
+
+def test_a_recommendation_on_unvalidated_costs_says_so_and_names_the_validated_one(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["plan", "--trace", TRACE, "--hardware", "mi300x,h100-sxm", "--quant", "fp8",
+                                      "--tp", "1", "--workers", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    best, validated = plan["recommendation"]["1.0"], plan["validated_recommendation"]["1.0"]
+    assert best["candidate"] == "mi300x fp8 tp=1" and best["cost_basis"] == "extrapolated"
+    assert validated["candidate"] == "h100-sxm fp8 tp=1" and validated["cost_basis"] == "validated"
+    words = " ".join(result.stdout.split())
+    assert "⚠ rests on unvalidated costs (mi300x: kernel costs extrapolated" in words
+    assert f"the cheapest on validated costs: {validated['replicas']} x h100-sxm fp8 tp=1" in words
+    assert "Rests on unvalidated costs" in (tmp_path / "report.html").read_text()
+    alone = CliRunner().invoke(app, ["plan", "--trace", TRACE, "--hardware", "h100-sxm", "--quant", "fp8", "--tp", "1",
+                                     "--workers", "0"])
+    assert alone.exit_code == 0 and "unvalidated" not in alone.stdout
