@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -46,17 +47,23 @@ def timeseries_figure(timeseries: pd.DataFrame) -> go.Figure:
     panels = (("waiting", "queue length"), ("running", "running batch"), ("tokens_in_flight", "tokens in flight"),
               ("kv_utilization", "KV-cache utilization"), ("throughput", "output tokens/s"))
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[t for _, t in panels])
+    several = timeseries["replica"].nunique() > 1 if len(timeseries) else False
     for replica, ts in timeseries.groupby("replica"):
         ts = ts.sort_values("time_s")
         dt = ts["time_s"].diff()
         ts = ts.assign(throughput=(ts["output_tokens"].diff() / dt).where(dt > 0))
-        for row, (column, _) in enumerate(panels, start=1):
+        for row, (column, title) in enumerate(panels, start=1):
+            # One legend entry per replica (its five panels toggle together); none for a lone replica.
             fig.add_trace(go.Scatter(x=ts["time_s"], y=ts[column], mode="lines", name=f"replica {replica}",
-                                     legendgroup=str(replica), showlegend=row == 1,
-                                     hovertemplate="%{fullData.name} at %{x:,.1f} s: %{y:,.3g}<extra></extra>"),
+                                     legendgroup=str(replica), showlegend=several and row == 1,
+                                     hovertemplate=f"replica {replica}, {title} at %{{x:,.1f}} s: "
+                                                   "%{y:,.3g}<extra></extra>"),
                           row=row, col=1)
+        for row, (_, title) in enumerate(panels, start=1):
+            fig.update_yaxes(title_text=title, row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(panels), col=1)
-    fig.update_layout(title="Over time", height=1000)
+    fig.update_layout(title="Over time" + (" (one line per replica)" if several else ""), height=1000,
+                      showlegend=several)
     return fig
 
 
@@ -73,6 +80,8 @@ def time_split_figure(summary) -> go.Figure:
     latency = {"queueing": queue, "prefill (TTFT - queueing)": ttft - queue, "decode (E2E - TTFT)": e2e - ttft}
     fig.add_trace(go.Bar(x=list(latency), y=list(latency.values()), showlegend=False, name="mean latency",
                          hovertemplate="%{x}: %{y:,.3f} s of the mean latency<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title_text="part of a request's latency", row=1, col=2)
+    fig.update_yaxes(title_text="mean seconds", row=1, col=2)
     fig.update_layout(title="Where time goes", height=380)
     return fig
 
@@ -109,13 +118,48 @@ def intervals_figure(summary) -> go.Figure | None:
     return fig
 
 
-def write_report(path: Path, title: str, summary: dict, figures: list[go.Figure], notes: str = "") -> None:
+def summary_rows(s) -> list[tuple[str, str]]:
+    """A simulation's summary as (what, value) rows in words and units (the report's table; the whole
+    of it is summary.json)."""
+    ms = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.1f} ms"  # noqa: E731
+    rows = [("requests", f"{s.num_finished:,} of {s.num_requests:,} finished ({s.num_rejected:,} rejected) over "
+                         f"{s.duration_s:,.1f} simulated s"),
+            ("throughput", f"{s.throughput.requests_per_s:,.2f} req/s, {s.throughput.output_tokens_per_s:,.0f} output "
+                           f"tok/s, {s.throughput.total_tokens_per_s:,.0f} total tok/s")]
+    for name, d in (("TTFT", s.ttft_s), ("TPOT", s.tpot_s), ("E2E", s.e2e_s), ("queueing", s.queue_s)):
+        rows.append((name, f"mean {ms(d.mean)}, p50 {ms(d.p50)}, p90 {ms(d.p90)}, p99 {ms(d.p99)} (simulated)"))
+    for key, value in s.predicted.items():
+        lo, hi = s.intervals[key]
+        rows.append((f"{key.replace('_s.', ' ').upper().replace('MEAN', 'mean').replace('P9', 'p9')} predicted",
+                     f"{ms(value)} (80 % interval {ms(lo)} – {ms(hi)})"))
+    if s.slo.targets:
+        rows.append(("SLOs", "; ".join(f"{k} {ms(s.slo.measured.get(k))} (limit {ms(v)}): "
+                                       f"{'met' if s.slo.met.get(k) else 'missed'}" for k, v in s.slo.targets.items())))
+    if s.cost is not None and s.cost.usd_per_hour is not None:
+        per_million = s.cost.usd_per_million_output_tokens
+        rows.append(("cost", f"${s.cost.usd_per_hour:,.2f}/hour"
+                             + (f", ${per_million:,.3f} per million output tokens" if per_million else "")))
+    rows += [("KV cache", f"mean {s.kv_utilization.mean:.0%}, max {s.kv_utilization.max:.0%}; "
+                          f"{s.preemptions} preemptions; prefix-cache hit rate {s.prefix_cache_hit_rate:.1%}"),
+             ("utilization", f"MFU {s.utilization.mfu:.1%}, MBU {s.utilization.mbu:.1%}, "
+                             f"busy {s.utilization.busy_fraction:.0%}")]
+    return rows
+
+
+def write_report(path: Path, title: str, summary, figures: list[go.Figure], notes: str = "") -> None:
+    """figures, then the summary (a RunSummary: a table in words; a dict: as JSON)."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if notes:
         parts.append(f"<p>{html.escape(notes)}</p>")
     for i, fig in enumerate(figures):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    parts.append("<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=2, default=str)) + "</pre>")
+    if isinstance(summary, dict):
+        parts.append("<h2>Summary</h2><pre>" + html.escape(json.dumps(summary, indent=2, default=str)) + "</pre>")
+    else:
+        parts.append("<h2>Summary</h2><table>" + "".join(f"<tr><th style='text-align:left;padding-right:1em'>"
+                                                          f"{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                                                          for k, v in summary_rows(summary))
+                     + "</table><p>Every figure, by name: <code>summary.json</code> beside this report.</p>")
     path.write_text("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
                     "</title></head><body style='font-family:sans-serif;max-width:1200px;margin:auto'>" +
                     "\n".join(parts) + "</body></html>")
@@ -129,7 +173,7 @@ def simulation_report(path: Path, result) -> None:
                timeseries_figure(result.timeseries), ttft_vs_prompt(result.requests)]
     notes = " ".join(filter(None, [labels.cache_words(s), labels.pool_words(s) if s.disaggregation is not None
                                    else None, labels.context_parallel_words(s)]))
-    write_report(path, title, s.to_dict(), [f for f in figures if f is not None], notes)
+    write_report(path, title, s, [f for f in figures if f is not None], notes)
 
 
 def pareto_figure(rows: list[dict], front: list[str], growth: float) -> go.Figure:

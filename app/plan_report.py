@@ -119,10 +119,13 @@ def cost_latency_figure(rows: list[dict], front: list[str], slos: dict, growth: 
             showlegend=col == 1, legendgroup="fleets",
             hovertemplate="%{text}<br>$%{x:,.2f}/hour<br>" + labels.label(field) + " %{y:,.1f}<extra></extra>"),
             row=1, col=col)
+        # The front is of cost against E2E p99, not of this panel's metric: its fleets are marked,
+        # not joined by a line that would read as this panel's trade-off.
         on_front = [r for r in feasible if r["candidate"] in front]
         fig.add_trace(go.Scatter(x=[r["usd_per_hour"] for r in on_front], y=[r[field] * scale for r in on_front],
-                                 mode="lines", name="Pareto front (cost vs E2E p99)", legendgroup="front",
-                                 showlegend=col == 1, hoverinfo="skip", line=dict(dash="dot")), row=1, col=col)
+                                 mode="markers", name="on the Pareto front of cost vs E2E p99", legendgroup="front",
+                                 showlegend=col == 1, hoverinfo="skip",
+                                 marker=dict(symbol="star-open", size=14)), row=1, col=col)
         if key in slos:
             fig.add_hline(y=slos[key] * scale, line=dict(color="firebrick", dash="dash"), row=1, col=col,
                           annotation_text=f"SLO {plan_words.slo_value(key, slos[key])}")
