@@ -8,6 +8,7 @@ import sys
 import typer
 
 from app.calibrate_command import calibrate_command, import_vidur_command
+from app.catalog_command import catalog_command
 from app.compare_command import compare_command
 from app.dashboard_command import app_command
 from app.generate_command import generate_command
@@ -39,6 +40,7 @@ app.command("import-vidur")(import_vidur_command)
 app.command("app")(app_command)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
+app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 app.command("replay")(replay_command)
 app.command("compare")(compare_command)

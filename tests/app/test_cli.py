@@ -176,3 +176,20 @@ def test_a_hardware_file_that_is_not_yaml_is_one_line(tmp_path) -> None:
                                  str(bad), "--trace", "synthetic:num=5"])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert f"{bad} is not valid YAML: did not find expected ',' or ']' at line 3" in result.stderr
+
+
+def test_catalog_lists_models_hardware_and_engines() -> None:
+    result = runner.invoke(app, ["catalog", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    models = {r["model"]: r for r in out["models"]}
+    assert 7.5 < models["llama-3.1-8b"]["parameters_b"] < 8.5 and models["mixtral-8x7b"]["experts"] == 8
+    hardware = {r["hardware"]: r for r in out["hardware"]}
+    assert hardware["h100-sxm"]["costs"] == "validated on real serving runs" and hardware["h100-sxm"]["usd_per_hour"]
+    assert hardware["a100-80gb"]["costs"].startswith("kernels fitted") and hardware["l4"]["memory_gb"] == 24
+    engines = {r["engine"]: r for r in out["engines"]}
+    assert engines["vllm-v0.15"]["validated_on"] == ["h100-sxm"] and engines["vllm-v0.15"]["e2e_mean_error_pct"] > 0
+    table = runner.invoke(app, ["catalog", "hardware"], env={"COLUMNS": "160"})
+    assert table.exit_code == 0 and "$ / hour" in table.output and "mistral" not in table.output
+    bad = runner.invoke(app, ["catalog", "gpus"])
+    assert bad.exit_code == 2 and "use models, hardware or engines" in bad.stderr

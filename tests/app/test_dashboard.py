@@ -46,6 +46,11 @@ def test_the_app_and_its_pages_render() -> None:
     assert [c.key for c in explore.get("plotly_chart")] == ["intervals", "cdfs", "split", "scatter", "timeseries"]
     compare = page("compare_page.py")
     assert list(compare.dataframe[0].value.columns) == ["Figure", "Fleet A", "Fleet B"]
+    listed = page("catalog_page.py")  # the rows `servecast catalog` prints
+    models, hardware, engines = (frame.value for frame in listed.dataframe)
+    assert "llama-3.1-8b" in set(models["model"]) and "$ / hour" in hardware.columns
+    assert hardware.set_index("hardware").loc["h100-sxm", "costs"] == "validated on real serving runs"
+    assert "vllm-v0.15" in set(engines["engine"]) and not hardware.isna().any().any()
 
 
 def test_planning_recommends_a_fleet_and_the_hardware_changes_it() -> None:
