@@ -50,7 +50,12 @@ class Prepared:
     vocab_size: int
     slos: dict
     deployment: dict | None
+    warnings: list[str]  # said before anything is sent
 
+
+# Exit status of a replay in which some requests failed (its figures are still printed and written):
+# distinct from 0 (all served) and 2 (bad input).
+REQUESTS_FAILED = 4
 
 # Warm-up requests' ids start here: their prompts' ids (drawn per request id) are then no replay's.
 WARMUP_IDS = 2**40
@@ -72,7 +77,7 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
     """Everything that can fail on bad input, before anything is sent: the SLOs, the deployment,
     the URL, the workload, the prompts, and the server (which must answer GET /models)."""
     from calibrate.runs.deployment import parse_deployment
-    from calibrate.runs.http import base_url, first_model, server_models
+    from calibrate.runs.http import base_url, first_model, served_max_model_len, server_models
     from calibrate.runs.prompts import load_tokenizer, text_prompts, token_prompts
     from simulator.fleet.sim_config import check_slos, parse_slos
     from simulator.workload.load import load_workload
@@ -99,8 +104,14 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
         vocab_size = vocab_size or 256
         make = lambda w, s: token_prompts(w, vocab_size, s)  # noqa: E731
     warm = warmup_workload(workload, warmup)
+    warnings = []
+    longest = served_max_model_len(server, model)
+    too_long = [r for r in workload.requests if longest is not None and r.prompt_tokens + r.output_tokens > longest]
+    if too_long:
+        warnings.append(f"{len(too_long)} of {len(workload)} requests ask for more than the server's max_model_len="
+                        f"{longest} tokens (prompt + output): it will refuse or cut them short")
     return Prepared(url, model, server, workload, make(workload, prompt_seed), warm, make(warm, prompt_seed),
-                    vocab_size, slos, deployment_of(stated, server, model))
+                    vocab_size, slos, deployment_of(stated, server, model), warnings)
 
 
 def print_summary(summary) -> None:
@@ -126,8 +137,8 @@ def print_summary(summary) -> None:
                             for k, v in slo.targets.items())
         out.print(f"SLOs {'met' if slo.all_met else 'NOT met'}: {verdict}; {slo.requests_within_slo:.1%} of "
                   f"requests within all; goodput {summary.goodput.requests_per_s:.2f} req/s")
-    for reason, count in list(summary.rejections.items())[:3]:
-        out.print(f"failed {count}: {reason}")
+    for reason, count in sorted(summary.rejections.items(), key=lambda kv: -kv[1]):  # every reason, once
+        out.print(f"failed {count}: {reason}", highlight=False)
 
 
 def replay_command(
@@ -173,6 +184,8 @@ def replay_command(
                         deployment, warmup)
     except ValueError as exc:
         fail(str(exc))
+    for warning in ready.warnings:
+        console.print(f"warning: {warning}", highlight=False)
     info = ReplayInfo(url=ready.url, model=ready.model, trace=portable_spec(trace), seed=seed, rate_scale=rate_scale,
                       max_concurrency=max_concurrency, tokenizer=str(tokenizer) if tokenizer else None,
                       vocab_size=ready.vocab_size, started_at=datetime.now(timezone.utc).isoformat(),
@@ -197,7 +210,9 @@ def replay_command(
         (out / SUMMARY_FILE).write_text(dumps(summary))
     if as_json:
         typer.echo(dumps(summary))
-        return
-    print_summary(summary)
-    if out is not None:
-        Console().print(f"wrote {out}/{REQUESTS_FILE}, {SUMMARY_FILE}")
+    else:
+        print_summary(summary)
+        if out is not None:
+            Console().print(f"wrote {out}/{REQUESTS_FILE}, {SUMMARY_FILE}")
+    if summary.num_rejected:  # measured, written, and said: but not a clean replay
+        raise typer.Exit(REQUESTS_FAILED)

@@ -88,6 +88,15 @@ def first_model(models: dict | None, url: str) -> str:
     return str(data[0]["id"])
 
 
+def served_max_model_len(models: dict | None, model: str) -> int | None:
+    """The longest sequence (prompt + output tokens) the server takes for `model`, where its card
+    says (vLLM's and servecast's give max_model_len); None otherwise."""
+    for card in (models or {}).get("data") or []:
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
+            return card["max_model_len"]
+    return None
+
+
 def reported_deployment(models: dict | None, model: str) -> dict:
     """The deployment servecast's server reports in the card of `model` (calibrate/runs/deployment.py);
     {} from a server that reports none."""

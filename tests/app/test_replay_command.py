@@ -185,3 +185,21 @@ def test_a_warm_up_leaves_nothing_a_later_replay_could_hit(server) -> None:
     for seed in ("1", "2"):
         assert not prompts("--prompt-seed", seed) & (warmed - prompts("--prompt-seed", "1"))
 
+
+
+def test_a_replay_with_failures_lists_every_reason_once_and_exits_non_zero() -> None:
+    from app.replay_command import REQUESTS_FAILED
+
+    trace = "synthetic:num=12,input=uniform(10,30),output=uniform(2,6),rate=50"
+    # Two kinds of refusal, and a card that says how long a sequence the server takes.
+    with serving(FakeServer(first_token_s=0.0, token_s=0.001, reject_max_tokens=frozenset({2, 3}),
+                            max_model_len=30)) as fake:
+        result = runner.invoke(app, ["replay", "--url", fake.url, "--trace", trace])
+    assert result.exit_code == REQUESTS_FAILED, result.output
+    assert "warning: " in result.stderr and "max_model_len=30" in result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.startswith("failed ")]
+    reasons = [line.split(": ", 1)[1] for line in failed]
+    assert len(failed) == 2 and len(set(reasons)) == 2  # each reason once, with its count
+    counts = sum(int(line.split()[1].rstrip(":")) for line in failed)
+    finished = int(result.stdout.split("/12 requests finished")[0].split()[-1])
+    assert counts == 12 - finished > 0

@@ -29,6 +29,7 @@ class FakeServer:
     first_token_s: float = 0.05
     token_s: float = 0.01
     reject_max_tokens: frozenset[int] = frozenset()
+    max_model_len: int | None = None  # told in its /v1/models card, as vLLM's
     received: list[dict] = field(default_factory=list)
     url: str = ""
 
@@ -37,7 +38,10 @@ class FakeServer:
 
         @app.get("/v1/models")
         async def models() -> dict:
-            return {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "tests"}]}
+            card = {"id": MODEL, "object": "model", "owned_by": "tests"}
+            if self.max_model_len is not None:
+                card["max_model_len"] = self.max_model_len
+            return {"object": "list", "data": [card]}
 
         @app.post("/v1/completions")
         async def completions(request: Request):
