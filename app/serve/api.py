@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -41,6 +41,18 @@ class ServerState:
     # replay records it, so the replay can be simulated.
     deployment: dict | None = None
     created: int = 0
+    # request id -> where its outputs go, for every stream still open (drain() ends them).
+    streams: dict = field(default_factory=dict)
+    event_loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once the app has started
+
+    def drain(self, reason: str) -> int:
+        """End every open stream with an error event (its engine request aborted): a shutdown
+        whose grace period is running out. Call on the event loop; returns how many it ended."""
+        ended = list(self.streams.items())
+        for request_id, put in ended:
+            put(reason)  # a string on a request's queue is its error (next_delta)
+            self.loop.abort(request_id)
+        return len(ended)
 
 
 class ApiError(Exception):
@@ -88,7 +100,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_):
-        event_loop = asyncio.get_running_loop()
+        event_loop = state.event_loop = asyncio.get_running_loop()
         state.loop.deliver = lambda batch: event_loop.call_soon_threadsafe(call_each, batch)
         yield
         state.loop.stop()
@@ -162,6 +174,7 @@ def build_app(state: ServerState) -> FastAPI:
         generation = Generation(state.tokenizer, body.stop, len(prompt))
         shaper = Chunks(request_id, state.model_name, kind)
         if body.stream:
+            state.streams[request_id] = outputs.put_nowait
             return StreamingResponse(stream(request_id, outputs, generation, shaper, body.include_usage),
                                      media_type="text/event-stream")
         return await collect(request, request_id, outputs, generation, shaper)
@@ -193,6 +206,7 @@ def build_app(state: ServerState) -> FastAPI:
                 yield sse(shaper.usage(generation.usage()))
             yield "data: [DONE]\n\n"
         finally:
+            state.streams.pop(request_id, None)
             if not done:  # the client went away: free its blocks
                 state.loop.abort(request_id)
 

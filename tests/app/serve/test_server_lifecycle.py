@@ -128,3 +128,40 @@ def test_bad_command_lines_exit_2_with_one_clear_line(args, message) -> None:
     done = subprocess.run([sys.executable, "-m", "app.cli", "serve", *args], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_stream_still_running_when_the_grace_period_ends_gets_an_error_event() -> None:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--threads", "1",
+                               "--grace-period", "1"],
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert "OpenAI API at" in server.stderr.readline()
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_for(lambda: _healthy(url), timeout=60)
+        client, response, lines = open_stream(url, [10, 11, 12], 1000)  # far longer than the grace period
+        first = next_chunk(lines)
+        server.send_signal(signal.SIGTERM)
+        events = [first] + [json.loads(line[6:]) for line in lines if line.startswith("data: ")
+                            and line != "data: [DONE]"]
+        client.close()
+        assert server.wait(60) == 0
+        log = server.stderr.read()
+        assert "error" in events[-1] and "shutting down" in events[-1]["error"]["message"]
+        assert len(events) < 1000 and "ended 1 stream" in log
+        assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    finally:
+        server.kill()
+
+
+def test_a_port_in_use_is_said_before_anything_starts() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 2 and "OpenAI API at" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "in use" in done.stderr
