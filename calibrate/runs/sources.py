@@ -89,8 +89,9 @@ def replay_config(replayed: ReplayRun, default_hardware: str | None = None, defa
     try:
         config = deployment_config(fields, where, **extra)
         if config.accelerator().profiled and config.profile is None:
-            raise ValueError(f"{where} ran on {config.hardware}, a profiled device: give --profile (its servecast "
-                             "profile, as simulate takes)")
+            raise ValueError(f"{where} ran on {config.hardware}, a device timed from its own profile: give "
+                             f"--profile P.jsonl, made on the machine that served it by `servecast profile --model "
+                             f"{config.model} --threads N --out P.jsonl` (N: the server's --threads)")
         config.check()
     except ValueError as exc:
         raise RunsError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None

@@ -72,7 +72,7 @@ def test_a_replay_folder_reads_as_a_run_of_its_deployment(tmp_path) -> None:
 @pytest.mark.parametrize("change, message", [
     ({"deployment": None}, "does not say its model"),
     ({"deployment": {"model": "llama-3.1-8b"}}, "does not say its hardware"),
-    ({"deployment": {**DEPLOYMENT, "hardware": "cpu-local"}}, "a profiled device: give --profile"),
+    ({"deployment": {**DEPLOYMENT, "hardware": "cpu-local"}}, "a device timed from its own profile: give --profile P.jsonl, made on the machine that served it by `servecast profile --model"),
     ({"deployment": {**DEPLOYMENT, "tp": 3}}, "tp=3 does not divide"),
     ({"max_concurrency": 4}, "--max-concurrency 4, a client-side queue"),
     ({"trace": trace_at(10, num=50)}, "the trace changed since"),
