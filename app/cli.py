@@ -21,6 +21,24 @@ from app.simulate_command import simulate_command
 from app.spec_pair_command import acceptance_command, train_pair_command
 from app.validate_command import validate_command
 
+def _quiet_type_column() -> None:
+    """--help without Typer's <str> / <bool> type labels, which say nothing a flag's name and help do
+    not (numbers and paths keep theirs). Typer >= 0.29 draws that column from TyperOption."""
+    from typer import core
+
+    option = getattr(core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "quiet", False):
+        return
+
+    def display_type_rich(self, ctx):
+        label = shown(self, ctx)
+        return None if getattr(self, "is_flag", False) or label in ("<str>", "<bool>") else label
+    display_type_rich.quiet = True
+    option.display_type_rich = display_type_rich
+
+
+_quiet_type_column()
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="servecast: LLM-inference capacity planning on a real engine and a calibrated simulator.")
 

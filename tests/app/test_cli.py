@@ -193,3 +193,11 @@ def test_catalog_lists_models_hardware_and_engines() -> None:
     assert table.exit_code == 0 and "$ / hour" in table.output and "mistral" not in table.output
     bad = runner.invoke(app, ["catalog", "gpus"])
     assert bad.exit_code == 2 and "use models, hardware or engines" in bad.stderr
+
+
+def test_help_lists_options_without_str_and_bool_type_labels() -> None:
+    for command in ("simulate", "plan", "predict", "serve", "catalog"):
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"})
+        assert result.exit_code == 0 and "--help" in result.output
+        assert "<str>" not in result.output and "<bool>" not in result.output, command
+    assert "<int>" in runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "160"}).output  # numbers keep theirs
