@@ -23,19 +23,20 @@ from app.validate_command import validate_command
 
 def _quiet_type_column() -> None:
     """--help without Typer's <str> / <bool> type labels, which say nothing a flag's name and help do
-    not (numbers and paths keep theirs). Typer >= 0.29 draws that column from TyperOption."""
+    not (numbers and paths keep theirs). Typer >= 0.29 draws that column from its parameters."""
     from typer import core
 
-    option = getattr(core, "TyperOption", None)
-    shown = getattr(option, "display_type_rich", None)
-    if shown is None or getattr(shown, "quiet", False):
-        return
+    for name in ("TyperOption", "TyperArgument"):
+        parameter = getattr(core, name, None)
+        shown = getattr(parameter, "display_type_rich", None)
+        if shown is None or getattr(shown, "quiet", False):
+            continue
 
-    def display_type_rich(self, ctx):
-        label = shown(self, ctx)
-        return None if getattr(self, "is_flag", False) or label in ("<str>", "<bool>") else label
-    display_type_rich.quiet = True
-    option.display_type_rich = display_type_rich
+        def display_type_rich(self, ctx, shown=shown):
+            label = shown(self, ctx)
+            return None if getattr(self, "is_flag", False) or label in ("<str>", "<bool>") else label
+        display_type_rich.quiet = True
+        parameter.display_type_rich = display_type_rich
 
 
 _quiet_type_column()
