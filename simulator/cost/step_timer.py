@@ -81,6 +81,10 @@ class StepTimer:
         self._overhead: dict[int, float] = {}
         self._weight_reads: dict[int, float] = {}  # tokens -> weight bytes read by a step of that many
         self._moe_hosts: dict[int, tuple[float, float]] = {}  # tokens -> moe_host_features
+        # decodes -> the parts of a steady decode step but its decode attention (plan_steady_run): its
+        # times depend on the batch alone (only its flops and bytes read the context, and a run books
+        # those itself).
+        self._steady_bases: dict[int, StepParts] = {}
 
     def _memo(self, table: dict, key, compute):
         value = table.get(key)
@@ -244,9 +248,12 @@ class StepTimer:
         if context is None:  # the first step's total decode context, unless the caller summed it
             context = sum(seq.num_computed_tokens + 1 for seq in running)
         # n decodes of total context `context`: only decode attention changes from step to step.
-        decodes = StepComposition(tokens=n, sampled=n, decodes=n, decode_context=context, prefill_tokens=0, keys=0,
-                                  prefill_context=0, chunks=n, prefill_chunks=0, groups=1, verifying=0)
-        return UniformSteadyRun(self, n, context, steps, start_s, self._complete(decodes, 0.0, 0.0), first_extra_s)
+        base = self._steady_bases.get(n)
+        if base is None:
+            decodes = StepComposition(tokens=n, sampled=n, decodes=n, decode_context=context, prefill_tokens=0,
+                                      keys=0, prefill_context=0, chunks=n, prefill_chunks=0, groups=1, verifying=0)
+            base = self._memo(self._steady_bases, n, lambda: self._complete(decodes, 0.0, 0.0))
+        return UniformSteadyRun(self, n, context, steps, start_s, base, first_extra_s)
 
     def _padded_steady_run(self, running, steps: int, start_s: float, first_extra_s: float) -> SteadyRun:
         times: list[float] = []
