@@ -19,7 +19,7 @@ class StepTimer(Protocol):
     _operator_scale: float
     _kv_bytes_per_token: float
 
-    def decode_attention(self, batch: int, total_context: int) -> float: ...
+    def decode_attention(self, batch: int, total_context: int, remember: bool = True) -> float: ...
 
     def weight_bytes(self, tokens: int) -> float: ...
 
@@ -69,7 +69,7 @@ class UniformSteadyRun(SteadyRun):
         times, decode_times, now, context = self.end_times, self.decode_times, self.now, self.context
         count = min(count, self.steps)
         while len(times) < count and (not times or times[-1] <= until_s):
-            decode_s = timer.decode_attention(n, context)
+            decode_s = timer.decode_attention(n, context, remember=False)
             if scale != 1.0:
                 decode_s = decode_s * scale
             step_s = compute_s + comm_s + prefill_s + decode_s + head_s + overhead_s  # StepParts.total_s

@@ -185,10 +185,14 @@ class StepTimer:
         return 0.0 + _timed(source, padded * batch, self._layers, "attention_decode", ledger) \
             + self._kv_read(batch * padded, ledger)
 
-    def decode_attention(self, batch: int, total_context: int, ledger: StepCost | None = None) -> float:
-        """Decode attention of `batch` paged decodes over total_context keys, all layers."""
+    def decode_attention(self, batch: int, total_context: int, ledger: StepCost | None = None,
+                         remember: bool = True) -> float:
+        """Decode attention of `batch` paged decodes over total_context keys, all layers.
+        remember=False: neither looked up nor kept in the memo (a steady run's steps each have a
+        context of their own, never asked again)."""
+        remember = remember and ledger is None
         key = (batch, total_context)
-        value = self._decode.get(key) if ledger is None else None
+        value = self._decode.get(key) if remember else None
         if value is None:  # the simulator's hottest lookup: memoized inline
             source = self._decode_sources.get(batch)
             if source is None:
@@ -198,7 +202,7 @@ class StepTimer:
             value = 0.0 + _timed(source, keys, self._layers, "attention_decode", ledger)  # as StepCost.add sums it
             if self._kv_dequant is not None:
                 value += self._kv_read(keys, ledger)
-            if ledger is None:
+            if remember:
                 if len(self._decode) >= _MEMO_LIMIT:
                     self._decode.clear()
                 self._decode[key] = value
