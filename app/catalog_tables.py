@@ -41,13 +41,12 @@ def model_rows() -> list[dict]:
 def hardware_rows(hardware_file: str | None = None) -> list[dict]:
     from simulator.catalog.engines import DEFAULT_GPU_ENGINE, load_engine
     from simulator.catalog.hardware import load_hardware
-    from simulator.cost.model import fitted_device
+    from simulator.fleet.costs import accelerator_basis
 
-    validated = load_engine(DEFAULT_GPU_ENGINE).device_scales
+    engine = load_engine(DEFAULT_GPU_ENGINE)
     rows = []
     for hardware_id, a in load_hardware(hardware_file).items():
-        basis = VALIDATED if hardware_id in validated else KERNELS_FITTED \
-            if a.profiled or hardware_id == fitted_device() else EXTRAPOLATED
+        basis = accelerator_basis(a, engine)
         rows.append({"hardware": hardware_id, "name": a.name, "memory_gb": a.memory_gb,
                      "bandwidth_tb_s": a.memory_bandwidth_gbps / 1e3 if a.memory_bandwidth_gbps else None,
                      "bf16_tflops": a.peak_tflops.get("bf16"), "fp8_tflops": a.peak_tflops.get("fp8"),

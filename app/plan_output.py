@@ -189,8 +189,7 @@ def print_plan(document: dict) -> None:
             out.print(table)
         bounded = [r for r in rows if r.get("replicas_at_least") is not None]
         if bounded:
-            named = [f"{r['candidate']} (≥ {r['replicas_at_least']} replicas)" if r["replicas_at_least"] > 1
-                     else r["candidate"] for r in bounded[:BOUNDED_NAMED]]
+            named = [plan_words.bounded_name(r) for r in bounded[:BOUNDED_NAMED]]
             more = f" and {len(bounded) - BOUNDED_NAMED} more (the candidates table has them all)" \
                 if len(bounded) > BOUNDED_NAMED else ""
             out.print(f"bounded out ({len(bounded)}): dearer than the cheapest fleet found even at the fewest "

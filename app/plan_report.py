@@ -187,8 +187,7 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
             parts.append(f"<h3>Bounded out ({len(bounded)})</h3><p class='note'>Dearer than the cheapest fleet found "
                          "even at the fewest replicas they could need (at least one; more where shown); "
                          "<code>--exhaustive</code> simulates them.</p><p>" +
-                         esc(", ".join(f"{r['candidate']} (≥ {r['replicas_at_least']})" if r["replicas_at_least"] > 1
-                                       else r["candidate"] for r in bounded)) + "</p>")
+                         esc(", ".join(map(plan_words.bounded_name, bounded))) + "</p>")
         failed = [r for r in rows if not r["feasible"] and r.get("replicas_at_least") is None]
         if failed:
             parts.append(f"<h3>Deployments that cannot meet them ({len(failed)}), by reason</h3><table><thead><tr>"

@@ -130,6 +130,12 @@ def choice_words(rows: list[dict]) -> list[str]:
     return [words for marker, name in VARIANTS if (words := variant_words(rows, marker, name))]
 
 
+def bounded_name(row: dict) -> str:
+    """A bounded-out candidate (plan row) by name, with the replicas it needs at least where more than one."""
+    needs = row["replicas_at_least"]
+    return f"{row['candidate']} (≥ {needs} replicas)" if needs > 1 else row["candidate"]
+
+
 def reason_groups(rows: list[dict]) -> list[tuple[str, list[str]]]:
     """Infeasible candidates (plan rows) grouped by reason, the largest group first. A reason that
     names its own accelerator ("a10g has no fp8 tensor cores") is grouped with the same reason on

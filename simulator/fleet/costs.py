@@ -27,13 +27,18 @@ VALIDATED, KERNELS_FITTED, EXTRAPOLATED = "validated", "kernels fitted", "extrap
 
 
 def cost_basis(config: SimConfig) -> str:
-    """VALIDATED: its serving engine's profile was fitted on real serving runs on this accelerator;
+    """config's accelerator_basis under its serving engine."""
+    return accelerator_basis(config.accelerator(), config.engine_profile())
+
+
+def accelerator_basis(accelerator, engine: EngineProfile) -> str:
+    """VALIDATED: the engine's profile was fitted on real serving runs on this accelerator;
     KERNELS_FITTED: its kernel costs were fitted on this accelerator's own measurements (a profiled
     device, or the one the shipped curves were fitted on), serving on it never validated;
     EXTRAPOLATED: another device's curves at this one's catalog peaks."""
-    if config.hardware in config.engine_profile().device_scales:
+    if accelerator.id in engine.device_scales:
         return VALIDATED
-    if config.accelerator().profiled or config.hardware == fitted_device():
+    if accelerator.profiled or accelerator.id == fitted_device():
         return KERNELS_FITTED
     return EXTRAPOLATED
 

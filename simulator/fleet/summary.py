@@ -5,7 +5,6 @@ observe None. It cannot be changed after it is made. No torch."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -127,8 +126,7 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         memory=Memory(**plan.to_dict()),
         cost_model=CostModelInfo("profile" if cost_model.profile is not None else "roofline x fitted efficiency",
                                  config.profile, cost_model.engine.id if cost_model.engine else None),
-        intervals=prediction_intervals(cost_model, figures),
-        predicted=predicted_figures(cost_model, figures),
+        **prediction_fields(cost_model, figures),
         speculation=speculation_summary(config, record.speculation),
         kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
         disaggregation=disaggregation(duration) if disaggregation is not None else None,
@@ -141,30 +139,19 @@ INTERVAL_METRICS = {("ttft_s", "mean"): "ttft_mean", ("ttft_s", "p90"): "ttft_p9
                     ("e2e_s", "p99"): "e2e_p99"}
 
 
-def prediction_intervals(cost_model: CostModel, figures) -> dict[str, list[float]]:
-    """figures: anything with the summary's distributions as attributes (ttft_s, tpot_s, e2e_s)."""
+def prediction_fields(cost_model: CostModel, figures) -> dict[str, dict]:
+    """The summary's `intervals` and `predicted` (figures: anything with the summary's distributions
+    as attributes: ttft_s, tpot_s, e2e_s): each figure with residuals, its 80 % interval and its
+    prediction (simulated x EngineProfile.bias, inside the interval)."""
     engine = cost_model.engine
-    if engine is None or not engine.residuals:
-        return {}
-    out = {}
-    for (name, stat), metric in INTERVAL_METRICS.items():
-        interval = engine.interval(metric, getattr(getattr(figures, name), stat))
-        if interval is not None:
-            out[f"{name}.{stat}"] = [interval[0], interval[1]]
-    return out
-
-
-def predicted_figures(cost_model: CostModel, figures) -> dict[str, float]:
-    """The interval figures (INTERVAL_METRICS) predicted: simulated x EngineProfile.bias."""
-    engine = cost_model.engine
-    if engine is None or not engine.residuals:
-        return {}
-    out = {}
-    for (name, stat), metric in INTERVAL_METRICS.items():
+    intervals, predicted = {}, {}
+    for (name, stat), metric in INTERVAL_METRICS.items() if engine is not None else ():
         value = getattr(getattr(figures, name), stat)
-        if len(engine.residuals.get(metric, [])) >= 3 and value is not None and math.isfinite(value):
-            out[f"{name}.{stat}"] = value * engine.bias(metric)
-    return out
+        interval = engine.interval(metric, value)
+        if interval is not None:
+            intervals[f"{name}.{stat}"] = [interval[0], interval[1]]
+            predicted[f"{name}.{stat}"] = value * engine.bias(metric)
+    return {"intervals": intervals, "predicted": predicted}
 
 
 def slo_factors(cost_model: CostModel | None, slos: Mapping[str, float]) -> dict[str, float]:

@@ -10,7 +10,7 @@ Prefill costs at least the per-token time of a full chunk (max_num_batched_token
 in one step). So n replicas serve the traffic only if n >= rate x E[O] x step(B) / B and n >= rate
 x E[P] x chunk time / chunk tokens. The floor taken is SLACK x the larger of the two (what the
 bound leaves out -- the spread of lengths, prefix hits -- cannot make it overshoot); the planner
-checks it never exceeds the replicas it simulates (tests/simulator/plan/test_bounds.py).
+checks it never exceeds the replicas it simulates (tests/simulator/plan/test_fast_search.py).
 
 Candidates the bound does not model one replica of (disaggregated pools, pipeline or context
 parallelism, speculative decoding: several tokens a step) get the trivial bound of 1 replica;
@@ -48,10 +48,11 @@ def replica_bound(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0)
     reason the simulation would give) for a candidate that cannot run at all."""
     fleet = spec.config(candidate, 1)
     price = fleet.usd_per_hour()
-    config = fleet.pool_configs()[1] if candidate.disaggregate else fleet  # the decode pool's replica
+    pools = fleet.pool_configs() if candidate.disaggregate else (fleet,)
+    config = pools[-1]  # the decode pool's replica
     model, _, plan = config.check()
-    if candidate.disaggregate:
-        fleet.pool_configs()[0].check()  # the prefill pool's too
+    for pool in pools[:-1]:
+        pool.check()  # a disaggregated fleet's prefill pool must run too
     timer = StepTimer(cost_model_for(config), replica_shape(config, model))
     workload = spec.probe(rate_scale)
     prompts = [r.prompt_tokens for r in workload.requests]

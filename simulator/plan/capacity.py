@@ -162,8 +162,12 @@ def meets_at_top(summary: RunSummary, engine: EngineProfile) -> bool:
     """Every SLO met at the top of its 80 % interval (simulated x EngineProfile.top): the slow end."""
     if summary.num_rejected or summary.stopped_early is not None:  # stopped: it missed even the centre
         return False
-    simulated = summary.slo.simulated or summary.slo.measured
-    return all(simulated[k] * engine.top(residual_metric(k)) <= limit for k, limit in summary.slo.targets.items())
+    return within_at_top(summary.slo.simulated or summary.slo.measured, summary.slo.targets, engine)
+
+
+def within_at_top(simulated: dict[str, float], limits: dict[str, float], engine: EngineProfile) -> bool:
+    """Each SLO's simulated value at the top of its 80 % interval within its limit."""
+    return all(simulated[k] * engine.top(residual_metric(k)) <= limit for k, limit in limits.items())
 
 
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
@@ -246,8 +250,8 @@ def plan_extras(spec: PlanSpec, result: CandidateResult, run: Simulate = run_sum
 
         def holds_slow(n: int) -> bool:
             if n == replicas and result.slo_measured:  # the run the answer rests on says it: no new run
-                return all(v / engine.bias(residual_metric(k)) * engine.top(residual_metric(k)) <= spec.slo[k]
-                           for k, v in result.slo_measured.items())
+                simulated = {k: v / engine.bias(residual_metric(k)) for k, v in result.slo_measured.items()}
+                return within_at_top(simulated, spec.slo, engine)
             if n not in slow_runs:
                 slow_runs[n] = meets_at_top(run(spec.config(candidate, n), workload, cost_model), engine)
                 result.simulations += 1

@@ -84,7 +84,7 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
             def finish(k: int, result: CandidateResult) -> None:
                 i = todo[k]
                 done[i] = result
-                if study is not None and not (result.reason or "").startswith(WORKER_FAILED):
+                if study is not None and not crashed(result):
                     study.put(keys[i], result)  # a crashed point is recomputed on the next run
                 if progress is not None:
                     progress(len(done), total)
@@ -102,7 +102,7 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
                 todo = [k for k in range(len(tasks)) if k not in kept]
 
                 def keep(j: int, result: CandidateResult) -> None:
-                    if study is not None and not (result.reason or "").startswith(WORKER_FAILED):
+                    if study is not None and not crashed(result):
                         study.put(point_key(digest, result.candidate, result.rate_scale, parts[todo[j]]), result)
                 ran = dict(zip(todo, runner.run([tasks[k] for k in todo], keep)))
                 return [kept[k] if k in kept else ran[k] for k in range(len(tasks))]
@@ -113,12 +113,17 @@ def run_plan(spec: PlanSpec, candidates: Sequence[Candidate], growth: Sequence[f
             extras = [i for i in search.shown([found[i] for i in range(total)]) if i not in done]
             for i, result in zip(extras, runner.run([("extras", found[i]) for i in extras])):
                 found[i] = result
-                if study is not None and not (result.reason or "").startswith(WORKER_FAILED):
+                if study is not None and not crashed(result):
                     study.put(keys[i], result)  # in full, as an exhaustive plan would find it
             done = found
             if progress is not None:
                 progress(total, total)
     return PlanResult([done[i] for i in range(len(points))], reused)
+
+
+def crashed(result: CandidateResult) -> bool:
+    """A point its worker failed on: reported, never kept in a study (the next run computes it)."""
+    return (result.reason or "").startswith(WORKER_FAILED)
 
 
 def search_part(task: tuple) -> str:

@@ -67,15 +67,25 @@ def test_a_full_queue_gets_429_with_retry_after() -> None:
         assert httpx.post(url + "/completions", json={"prompt": [7, 8], "max_tokens": 2}).status_code == 200
 
 
-def test_sigterm_lets_the_streams_in_flight_finish() -> None:
+def serving_process(*args: str) -> tuple[subprocess.Popen, str]:
+    """`servecast serve` in its own process on a free port, once it answers: (the process, its API URL).
+    The caller kills it."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--max-num-seqs", "8",
-                               "--threads", "1"],
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert "OpenAI API at" in server.stderr.readline()
         url = f"http://127.0.0.1:{port}/v1"
         wait_for(lambda: _healthy(url), timeout=60)
+    except BaseException:
+        server.kill()
+        raise
+    return server, url
+
+
+def test_sigterm_lets_the_streams_in_flight_finish() -> None:
+    server, url = serving_process("--max-num-seqs", "8", "--threads", "1")
+    try:
         # The model card says what the simulator needs to replay this server.
         deployed = httpx.get(url + "/models").json()["data"][0]["deployment"]
         config = deployment_config(deployed, "served", profile="any.jsonl")
@@ -131,14 +141,8 @@ def test_bad_command_lines_exit_2_with_one_clear_line(args, message) -> None:
 
 
 def test_a_stream_still_running_when_the_grace_period_ends_gets_an_error_event() -> None:
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--threads", "1",
-                               "--grace-period", "1"],
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server, url = serving_process("--threads", "1", "--grace-period", "1")
     try:
-        assert "OpenAI API at" in server.stderr.readline()
-        url = f"http://127.0.0.1:{port}/v1"
-        wait_for(lambda: _healthy(url), timeout=60)
         client, response, lines = open_stream(url, [10, 11, 12], 1000)  # far longer than the grace period
         first = next_chunk(lines)
         server.send_signal(signal.SIGTERM)
