@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple
 
 from engine.policy.block_manager import BlockManager
@@ -57,6 +58,14 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+class NextStep(Enum):
+    """What the next schedule() does (Scheduler.next_step)."""
+
+    ONLY_DECODES = "only decodes"  # every running request decodes its one token; nobody is admitted
+    DECODES_AND_ADMISSIONS = "decodes and admissions"  # the same decodes, and the waiting head is admitted
+    OTHER = "other"  # a prompt chunk of a running request, a preemption or draft slots
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,25 @@ class Scheduler:
             i += 1
 
         # A step that preempted has no blocks to spare for newcomers.
-        while (not out.preempted and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
+        if not out.preempted:
+            budget = self._admit(out, budget, now)
+        if self.config.num_lookahead_tokens and budget > 0 and not out.preempted:
+            self._add_lookahead(out, budget)
+        return out
+
+    def admit_beside_decodes(self, now: float = 0.0) -> SchedulerOutput:
+        """schedule()'s admissions alone, for a step in which every running request decodes its one
+        token and already holds the block for it (the simulator applies such decodes in bulk,
+        simulator/fleet/steady_decode.py, and gives them their blocks before this): the chunks of
+        the waiting requests admitted beside them, from what the decodes leave of the budget."""
+        out = SchedulerOutput()
+        self._admit(out, self.config.max_num_batched_tokens - len(self.running), now)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        """Admit waiting requests, first come first served, into what is left of the budget (their
+        prompts chunked to fit it when chunked prefill is on); returns what they leave."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             computed = self.block_manager.get_computed_blocks(seq)
             num_cached = len(computed) * self.block_manager.block_size
@@ -171,32 +197,35 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(self._chunk(seq, num_new))
             budget -= num_new
-        if self.config.num_lookahead_tokens and budget > 0 and not out.preempted:
-            self._add_lookahead(out, budget)
-        return out
+        return budget
 
     def only_decodes_next(self) -> bool:
         """Whether the next schedule() will only decode: every running request has just its last
         sampled token to compute and gets its slot without a preemption, and no waiting request
         is admitted (none is offered, or the head is refused). Reads the state, changes nothing.
         The simulator takes such steps in bulk (simulator/fleet/steady_decode.py)."""
+        return self.next_step() is NextStep.ONLY_DECODES
+
+    def next_step(self) -> NextStep:
+        """What the next schedule() will do (only_decodes_next's reading, with the step that admits
+        the waiting head beside the decodes told apart from the rest). Changes nothing."""
         if self.config.num_lookahead_tokens or len(self.running) > self.config.max_num_batched_tokens:
-            return False
+            return NextStep.OTHER
         bm = self.block_manager
         block_size = bm.block_size
         decode_blocks = 0
         for seq in self.running:
             computed = seq.num_computed_tokens
             if computed != len(seq.token_ids) - 1 or computed < seq.num_prefill_tokens:
-                return False
+                return NextStep.OTHER
             if computed + 1 > len(seq.block_table) * block_size:
                 decode_blocks += 1
         free = bm.num_free_blocks - decode_blocks  # after the decodes' blocks, taken first
         if free < 0:
-            return False  # someone would be preempted
+            return NextStep.OTHER  # someone would be preempted
         budget = self.config.max_num_batched_tokens - len(self.running)
         if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
-            return True
+            return NextStep.ONLY_DECODES
         head = self.waiting[0]
         computed_blocks = bm.get_computed_blocks(head)
         if computed_blocks and decode_blocks:
@@ -209,9 +238,11 @@ class Scheduler:
         num_new = head.num_tokens - len(computed_blocks) * block_size
         if num_new > budget:
             if not self.config.enable_chunked_prefill:
-                return True
+                return NextStep.ONLY_DECODES
             num_new = budget
-        return bm.free_blocks_needed(head, num_new, computed_blocks) > free
+        if bm.free_blocks_needed(head, num_new, computed_blocks) > free:
+            return NextStep.ONLY_DECODES
+        return NextStep.DECODES_AND_ADMISSIONS
 
     def _add_lookahead(self, out: SchedulerOutput, budget: int) -> None:
         """Speculative decoding: extend decode chunks with draft slots from what the step leaves

@@ -272,9 +272,11 @@ class StepTimer:
         return PaddedSteadyRun(self, steps, times, parts_of_steps)
 
     # -- a step -------------------------------------------------------------------------------
-    def step(self, chunks: Seq[ScheduledChunk]) -> float:
-        """Seconds for the step that computes these chunks; adds it to `split`."""
-        parts = self._parts(chunks)
+    def step(self, chunks: Seq[ScheduledChunk], decodes: int = 0, decode_context: int = 0) -> float:
+        """Seconds for the step that computes these chunks; adds it to `split`. decodes: that many
+        more plain decode chunks, over decode_context keys in all, before them (a bulk step's,
+        simulator/fleet/steady_decode.py: the same time as listing each one; not on padded devices)."""
+        parts = self._parts(chunks, decodes=decodes, decode_context=decode_context)
         return self.split.record(parts) if parts is not None else 0.0
 
     def explain(self, chunks: Seq[ScheduledChunk], include_host: bool = True) -> StepCost:
@@ -297,13 +299,17 @@ class StepTimer:
         """What the step is made of (what its host terms scale with), without timing it."""
         return self._parts(chunks, compose_only=True)
 
-    def _parts(self, chunks: Seq[ScheduledChunk], ledger: StepCost | None = None, compose_only: bool = False):
+    def _parts(self, chunks: Seq[ScheduledChunk], ledger: StepCost | None = None, compose_only: bool = False,
+               decodes: int = 0, decode_context: int = 0):
         """The step's parts (None for an empty step); its composition alone where compose_only.
-        One pass over the chunks (the simulator's hottest loop: kept inline)."""
-        tokens = sampled = decodes = decode_context = prefill_tokens = head_rows = prefill_chunks = 0
+        One pass over the chunks (the simulator's hottest loop: kept inline). decodes: as step()'s."""
+        padded, cp = self._pads, self.context_parallel
+        if decodes and padded:
+            raise ValueError("padded decode groups need every decode's context: list the decode chunks")
+        tokens = sampled = num_decodes = decodes
+        prefill_tokens = head_rows = prefill_chunks = 0
         prefill_s = 0.0
         keys = prefill_context = ring_keys = 0
-        padded, cp = self._pads, self.context_parallel
         if ledger is not None:  # booked first, as a step's operators are listed (the recipe's order)
             self.token_ops(sum(chunk[2] for chunk in chunks), ledger)
         contexts: list[int] = []
@@ -313,7 +319,7 @@ class StepTimer:
             if samples:
                 sampled += 1
             if n == 1:
-                decodes += 1
+                num_decodes += 1
                 decode_context += start + 1
                 if padded:
                     contexts.append(start + 1)
@@ -337,23 +343,24 @@ class StepTimer:
             self.last_sampled = sampled
         if not tokens:
             return None
-        groups = 1 if decodes else 0
+        groups = 1 if num_decodes else 0
         if compose_only:
-            if decodes and padded:
+            if num_decodes and padded:
                 groups = len(padded_decode_batches([self._share(c) for c in contexts], self.shape.block_size))
             decode_s = 0.0
-        elif not decodes:
+        elif not num_decodes:
             decode_s = 0.0
         elif padded:
             decode_s, groups = self.padded_decode_attention(contexts, ledger)
         else:
-            decode_s = self.decode_attention(decodes, decode_context, ledger)
+            decode_s = self.decode_attention(num_decodes, decode_context, ledger)
         if verify:  # one padded batch (engine/attention.py VerifyBatch), counted as one more group
             if not compose_only:
                 decode_s += self.verify_attention(verify, verify_queries, verify_context, ledger)
             groups += 1
-        step = StepComposition(tokens, sampled + head_rows, decodes + verify, decode_context, prefill_tokens, keys,
-                               prefill_context, len(chunks), prefill_chunks, groups, 1 if verify else 0, ring_keys)
+        step = StepComposition(tokens, sampled + head_rows, num_decodes + verify, decode_context, prefill_tokens,
+                               keys, prefill_context, len(chunks) + decodes, prefill_chunks, groups,
+                               1 if verify else 0, ring_keys)
         return step if compose_only else self._complete(step, prefill_s, decode_s, ledger)
 
     def _complete(self, step: StepComposition, prefill_s: float, decode_s: float,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from engine.policy.sampling_params import SamplingParams
-from engine.policy.scheduler import Scheduler, SchedulerOutput
+from engine.policy.scheduler import NextStep, Scheduler, SchedulerOutput
 from simulator.fleet import steady_decode
 from simulator.fleet.block_pool import KeyedSequence
 from simulator.fleet.tiered_pool import TieredBlockPool
@@ -107,6 +107,7 @@ class Replica:
         # Not under speculation: its steps verify drafts, they are not plain decodes.
         self.bulk_decodes = bulk_decodes and speculation is None
         self._next_sample_s = 0.0
+        self._admitted_decode = False  # set by _run_then_admit
         self.finished_requests = 0
         self.output_tokens = 0
         self.busy_s = 0.0
@@ -229,10 +230,13 @@ class Replica:
         time the last step taken ends, which env.now has reached.
 
         A run ends at the step where a request finishes, or where an arrival routed here comes
-        in (see the module's docstring). The next run follows without a scheduler step when the
-        scheduler's next step would only decode (Scheduler.only_decodes_next): always with nobody
-        waiting, otherwise when the waiting head would be refused."""
+        in (see the module's docstring). What follows is the scheduler's next step
+        (Scheduler.next_step): another run when it only decodes (always with nobody waiting,
+        otherwise when the waiting head would be refused); a step that admits the waiting beside
+        the same decodes is applied in bulk too, with the run before it when an arrival cut it
+        short (_run_then_admit); any other step is left to the scheduler."""
         env, scheduler = self.env, engine.scheduler
+        in_bulk = self._admits_in_bulk(engine)
         while True:
             steps, context = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
             if steps <= 0:
@@ -267,27 +271,84 @@ class Replica:
             engine.previous_tokens = batch
             times = ends[:taken]
             self._first_tokens_out(engine, times[0] - now)
-            last_step_s = times[-1] - (times[-2] if taken > 1 else now)
-            finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN)
-            self.busy_s += times[-1] - now
-            self.output_tokens += taken * batch
-            now = times[-1]
-            for done in finished:
-                self._retire(engine, done.request_id, last_step_s)
-            if now >= self._next_sample_s:
-                self._next_sample_s = now + self.sample_every_s
-                self._sample(now, batch)
-            if interrupted:
-                # An arrival: it may be admitted next, unless it queued behind a refused head.
-                if len(scheduler.waiting) <= 1 or not scheduler.only_decodes_next():
+            if interrupted and taken < steps and in_bulk and times[-1] < self._next_sample_s:
+                # The step after the run admits the newcomer beside the same decodes: applied with the
+                # run (nobody finishes before it; a time-series sample would have read the run's end).
+                now = yield from self._run_then_admit(engine, now, times, finishing=taken + 1 == steps)
+                if not scheduler.waiting and self._admitted_decode:
+                    continue  # every request decodes next, nobody waits: the next step only decodes
+            else:
+                last_step_s = times[-1] - (times[-2] if taken > 1 else now)
+                finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN, finishing=taken == steps)
+                self.busy_s += times[-1] - now
+                self.output_tokens += taken * batch
+                now = times[-1]
+                for done in finished:
+                    self._retire(engine, done.request_id, last_step_s)
+                if now >= self._next_sample_s:
+                    self._next_sample_s = now + self.sample_every_s
+                    self._sample(now, batch)
+                if not interrupted and not (scheduler.waiting and finished):
+                    continue  # nothing new to admit: the next step only decodes (steady_steps says how far)
+            while True:
+                following = scheduler.next_step()
+                if following is NextStep.ONLY_DECODES:
+                    break
+                if following is NextStep.OTHER or not in_bulk:
                     return now
-            elif scheduler.waiting and finished and not scheduler.only_decodes_next():
-                return now  # the blocks freed admit a waiting request: a scheduler step
+                now = yield from self._run_then_admit(engine, now, [], finishing=True)
+
+    def _admits_in_bulk(self, engine: _VirtualEngine) -> bool:
+        """Whether a step that admits requests beside a steady run's decodes may be applied in bulk
+        (_run_then_admit): not where the pool loads blocks from a host tier as it admits, nor
+        where decodes are timed in padded groups (each decode's context counts there)."""
+        return not isinstance(engine.scheduler.block_manager, TieredBlockPool) and not self.timer._pads
+
+    def _run_then_admit(self, engine: _VirtualEngine, start_s: float, times: list[float], finishing: bool):
+        """A steady run's steps (ending at `times`, the first begun at start_s; none: the step
+        begins at start_s) and the step after them, in which every running request decodes again
+        and waiting requests are admitted beside them (the scheduler's own admission,
+        Scheduler.admit_beside_decodes), applied in one pass over the running requests
+        (steady_decode.DecodeSteps) rather than as a run and a scheduler step. finishing: whether
+        a decode may finish in that step (DecodeSteps.finish). A generator, as _run's loop is:
+        returns the time that step ends, which env.now has reached; _admitted_decode then says
+        whether every request it admitted has its whole prompt computed (it decodes next)."""
+        scheduler, timer = engine.scheduler, self.timer
+        batch = len(scheduler.running)
+        steps = steady_decode.DecodeSteps(scheduler, len(times) + 1, SAMPLED_TOKEN)
+        steps.allocate()  # the decodes' blocks of every step, the admission's step included
+        begins = times[-1] if times else start_s
+        admitted = scheduler.admit_beside_decodes(begins)
+        step_s = timer.step(admitted.chunks, batch, steps.last_context)
+        tokens = batch + admitted.num_batched_tokens
+        if timer.times_shape_changes:
+            step_s += timer.shape_change(engine.previous_tokens, tokens)
+            engine.previous_tokens = tokens
+        sampled = timer.last_sampled
+        end = begins + step_s
+        if end > self.clock.next_arrival_s:
+            yield self.env.timeout(end - self.env.now)  # this step spans an arrival, as in _run
+        self._first_tokens_out(engine, step_s)  # this step follows theirs (after a run: none held)
+        finished = steps.finish([*times, end], finishing)  # no run step finishes a request: only this one may
+        if times:
+            self.busy_s += times[-1] - start_s
+            self.output_tokens += len(times) * batch
+        self.busy_s += step_s
+        finished += scheduler.update(admitted, self._sampled, end)
+        self._admitted_decode = all(chunk.samples for chunk in admitted.chunks)
+        self._book(engine, admitted, end, sampled, finished, step_s, tokens)
+        return end
 
     def _apply(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int,
                accepted: dict | None = None, step_s: float = 0.0) -> None:
         self._first_tokens_out(engine, step_s)  # this step follows theirs
         finished = engine.scheduler.update(out, self._sampled, now, accepted)
+        self._book(engine, out, now, sampled, finished, step_s, out.num_batched_tokens)
+
+    def _book(self, engine: _VirtualEngine, out: SchedulerOutput, now: float, sampled: int, finished: list,
+              step_s: float, batch_tokens: int) -> None:
+        """What a step ending at `now` did (out: its scheduled chunks, past any decodes applied in
+        bulk; finished: the requests it finished), told to the recorder."""
         if self.recorder.watch is not None or self.output_delay_steps:
             # First tokens come from prompt chunks (steady decode runs never make one); held before
             # the finished retire, so a one-token request has its first token too.
@@ -302,7 +363,7 @@ class Replica:
             self._retire(engine, f.request_id, step_s)
         if now >= self._next_sample_s:
             self._next_sample_s = now + self.sample_every_s
-            self._sample(now, out.num_batched_tokens)
+            self._sample(now, batch_tokens)
 
     def _first_tokens_out(self, engine: _VirtualEngine, next_step_s: float, only=None) -> None:
         """The engine's held first tokens (of `only`, a sequence, else all) reach the client:
