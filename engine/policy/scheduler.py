@@ -209,10 +209,7 @@ class Scheduler:
     def next_step(self) -> NextStep:
         """What the next schedule() will do (only_decodes_next's reading, with the step that admits
         the waiting head beside the decodes told apart from the rest). Changes nothing."""
-        if self.config.num_lookahead_tokens or len(self.running) > self.config.max_num_batched_tokens:
-            return NextStep.OTHER
-        bm = self.block_manager
-        block_size = bm.block_size
+        block_size = self.block_manager.block_size
         decode_blocks = 0
         for seq in self.running:
             computed = seq.num_computed_tokens
@@ -220,6 +217,16 @@ class Scheduler:
                 return NextStep.OTHER
             if computed + 1 > len(seq.block_table) * block_size:
                 decode_blocks += 1
+        return self.next_step_beside_decodes(decode_blocks)
+
+    def next_step_beside_decodes(self, decode_blocks: int) -> NextStep:
+        """next_step() where every running request is known to have just its last sampled token to
+        compute, decode_blocks of them needing a new block for it (the simulator keeps such
+        requests in a cohort, simulator/fleet/steady_decode.py). Changes nothing."""
+        if self.config.num_lookahead_tokens or len(self.running) > self.config.max_num_batched_tokens:
+            return NextStep.OTHER
+        bm = self.block_manager
+        block_size = bm.block_size
         free = bm.num_free_blocks - decode_blocks  # after the decodes' blocks, taken first
         if free < 0:
             return NextStep.OTHER  # someone would be preempted

@@ -36,7 +36,7 @@ from simulator.fleet import steady_decode
 from simulator.fleet.block_pool import KeyedSequence
 from simulator.fleet.tiered_pool import TieredBlockPool
 from simulator.workload.block_keys import BlockKeys
-from engine.policy.sequence import Sequence
+from engine.policy.sequence import RequestStatus, Sequence
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.speculation import Speculation
 from simulator.cost.step_timer import StepTimer
@@ -79,6 +79,8 @@ class _VirtualEngine:
     previous_tokens: int | None = None
     # Sequences whose first token waits on this engine's next step (Replica.output_delay_steps).
     first_pending: list = field(default_factory=list)
+    # Its running requests while they decode in lockstep (steady_decode.DecodeCohort), else None.
+    cohort: steady_decode.DecodeCohort | None = None
 
 
 class Replica:
@@ -107,7 +109,6 @@ class Replica:
         # Not under speculation: its steps verify drafts, they are not plain decodes.
         self.bulk_decodes = bulk_decodes and speculation is None
         self._next_sample_s = 0.0
-        self._admitted_decode = False  # set by _run_then_admit
         self.finished_requests = 0
         self.output_tokens = 0
         self.busy_s = 0.0
@@ -229,74 +230,83 @@ class Replica:
         """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
         time the last step taken ends, which env.now has reached.
 
-        A run ends at the step where a request finishes, or where an arrival routed here comes
-        in (see the module's docstring). What follows is the scheduler's next step
-        (Scheduler.next_step): another run when it only decodes (always with nobody waiting,
-        otherwise when the waiting head would be refused); a step that admits the waiting beside
-        the same decodes is applied in bulk too, with the run before it when an arrival cut it
-        short (_run_then_admit); any other step is left to the scheduler."""
-        env, scheduler = self.env, engine.scheduler
+        The running requests are held in a DecodeCohort (steady_decode.py) meanwhile: every one is
+        written out when this returns, for the scheduler's next step. A run ends at the step where
+        a request finishes, or where an arrival routed here comes in (see the module's docstring).
+        What follows is the scheduler's next step (Scheduler.next_step): another run when it only
+        decodes (always with nobody waiting, otherwise when the waiting head would be refused); a
+        step that admits the waiting beside the same decodes is applied in bulk too, with the run
+        before it when an arrival cut it short (_run_then_admit); any other step is left to the
+        scheduler."""
+        env, scheduler, timer = self.env, engine.scheduler, self.timer
         in_bulk = self._admits_in_bulk(engine)
-        while True:
-            steps, context = steady_decode.steady_steps(scheduler, STEADY_RUN_LIMIT)
-            if steps <= 0:
-                return now
-            batch = len(scheduler.running)
-            first_extra_s = self.timer.shape_change(engine.previous_tokens, batch)
-            run = self.timer.plan_steady_run(scheduler.running, steps, now, context, first_extra_s)
-            # Timed as far as the next arrival (which ends the run if it comes here), then further
-            # if it went elsewhere: runs are often cut short, and timing a step is a cost.
-            run.plan_until(self.clock.next_arrival_s)
-            ends = run.end_times
-            engine.in_steady_run = True
-            try:
-                while True:
-                    yield env.timeout(ends[-1] - env.now)
-                    if len(ends) == steps:
-                        break
-                    run.plan_until(self.clock.next_arrival_s)
-                taken = steps
-            except simpy.Interrupt:
-                # Steps that began at or before the arrival (the first began at `now`) are scheduled
-                # without it; the one after them admits it (it may begin at the arrival's instant).
-                taken = min(1 + bisect.bisect_right(ends, env.now), steps)
-                run.plan(taken)
-            interrupted = not engine.in_steady_run
-            engine.in_steady_run = False
-            if ends[taken - 1] > env.now:
-                # Finish the step the arrival came in before booking it, as the step-by-step loop
-                # does: its finishes must not show before that step ends (the router reads them).
-                yield env.timeout(ends[taken - 1] - env.now)
-            run.commit(taken)
-            engine.previous_tokens = batch
-            times = ends[:taken]
-            self._first_tokens_out(engine, times[0] - now)
-            if interrupted and taken < steps and in_bulk and times[-1] < self._next_sample_s:
-                # The step after the run admits the newcomer beside the same decodes: applied with the
-                # run (nobody finishes before it; a time-series sample would have read the run's end).
-                now = yield from self._run_then_admit(engine, now, times, finishing=taken + 1 == steps)
-                if not scheduler.waiting and self._admitted_decode:
-                    continue  # every request decodes next, nobody waits: the next step only decodes
-            else:
-                last_step_s = times[-1] - (times[-2] if taken > 1 else now)
-                finished = steady_decode.apply(scheduler, times, SAMPLED_TOKEN, finishing=taken == steps)
-                self.busy_s += times[-1] - now
-                self.output_tokens += taken * batch
-                now = times[-1]
-                for done in finished:
-                    self._retire(engine, done.request_id, last_step_s)
-                if now >= self._next_sample_s:
-                    self._next_sample_s = now + self.sample_every_s
-                    self._sample(now, batch)
-                if not interrupted and not (scheduler.waiting and finished):
-                    continue  # nothing new to admit: the next step only decodes (steady_steps says how far)
+        cohort = engine.cohort = steady_decode.DecodeCohort(scheduler, SAMPLED_TOKEN)
+        try:
             while True:
-                following = scheduler.next_step()
-                if following is NextStep.ONLY_DECODES:
-                    break
-                if following is NextStep.OTHER or not in_bulk:
+                steps = cohort.steady_steps(STEADY_RUN_LIMIT)
+                if steps <= 0:
                     return now
-                now = yield from self._run_then_admit(engine, now, [], finishing=True)
+                batch = cohort.size
+                first_extra_s = timer.shape_change(engine.previous_tokens, batch)
+                if timer._pads:  # padded groups are timed from every request's context
+                    cohort.sync_all()
+                run = timer.plan_steady_run(scheduler.running, steps, now, cohort.context, first_extra_s)
+                # Timed as far as the next arrival (which ends the run if it comes here), then further
+                # if it went elsewhere: runs are often cut short, and timing a step is a cost.
+                run.plan_until(self.clock.next_arrival_s)
+                ends = run.end_times
+                engine.in_steady_run = True
+                try:
+                    while True:
+                        yield env.timeout(ends[-1] - env.now)
+                        if len(ends) == steps:
+                            break
+                        run.plan_until(self.clock.next_arrival_s)
+                    taken = steps
+                except simpy.Interrupt:
+                    # Steps that began at or before the arrival (the first began at `now`) are
+                    # scheduled without it; the one after them admits it (it may begin at the
+                    # arrival's instant).
+                    taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+                    run.plan(taken)
+                interrupted = not engine.in_steady_run
+                engine.in_steady_run = False
+                if ends[taken - 1] > env.now:
+                    # Finish the step the arrival came in before booking it, as the step-by-step loop
+                    # does: its finishes must not show before that step ends (the router reads them).
+                    yield env.timeout(ends[taken - 1] - env.now)
+                run.commit(taken)
+                engine.previous_tokens = batch
+                times = ends[:taken]
+                self._first_tokens_out(engine, times[0] - now)
+                if interrupted and taken < steps and in_bulk and times[-1] < self._next_sample_s:
+                    # The step after the run admits the newcomer beside the same decodes: applied with
+                    # the run (nobody finishes before it; a time-series sample would read the run's end).
+                    now = yield from self._run_then_admit(engine, now, times)
+                else:
+                    last_step_s = times[-1] - (times[-2] if taken > 1 else now)
+                    finished = cohort.advance(times)
+                    self.busy_s += times[-1] - now
+                    self.output_tokens += taken * batch
+                    now = times[-1]
+                    for done in finished:
+                        self._retire(engine, done.request_id, last_step_s)
+                    if now >= self._next_sample_s:
+                        self._next_sample_s = now + self.sample_every_s
+                        self._sample(now, batch)
+                    if not interrupted and not (scheduler.waiting and finished):
+                        continue  # nothing new to admit: the next step only decodes (steady_steps: how far)
+                while True:
+                    following = (scheduler.next_step_beside_decodes(cohort.decode_blocks_next())
+                                 if cohort.covers_running() else NextStep.OTHER)
+                    if following is NextStep.ONLY_DECODES:
+                        break
+                    if following is NextStep.OTHER or not in_bulk:
+                        return now
+                    now = yield from self._run_then_admit(engine, now, [])
+        finally:
+            cohort.sync_all()
+            engine.cohort = None
 
     def _admits_in_bulk(self, engine: _VirtualEngine) -> bool:
         """Whether a step that admits requests beside a steady run's decodes may be applied in bulk
@@ -304,22 +314,21 @@ class Replica:
         where decodes are timed in padded groups (each decode's context counts there)."""
         return not isinstance(engine.scheduler.block_manager, TieredBlockPool) and not self.timer._pads
 
-    def _run_then_admit(self, engine: _VirtualEngine, start_s: float, times: list[float], finishing: bool):
+    def _run_then_admit(self, engine: _VirtualEngine, start_s: float, times: list[float]):
         """A steady run's steps (ending at `times`, the first begun at start_s; none: the step
         begins at start_s) and the step after them, in which every running request decodes again
         and waiting requests are admitted beside them (the scheduler's own admission,
-        Scheduler.admit_beside_decodes), applied in one pass over the running requests
-        (steady_decode.DecodeSteps) rather than as a run and a scheduler step. finishing: whether
-        a decode may finish in that step (DecodeSteps.finish). A generator, as _run's loop is:
-        returns the time that step ends, which env.now has reached; _admitted_decode then says
-        whether every request it admitted has its whole prompt computed (it decodes next)."""
-        scheduler, timer = engine.scheduler, self.timer
-        batch = len(scheduler.running)
-        steps = steady_decode.DecodeSteps(scheduler, len(times) + 1, SAMPLED_TOKEN)
-        steps.allocate()  # the decodes' blocks of every step, the admission's step included
+        Scheduler.admit_beside_decodes), applied to the engine's DecodeCohort rather than as a
+        run and a scheduler step; the admitted that decode next join it. A generator, as _run's
+        loop is: returns the time that step ends, which env.now has reached."""
+        scheduler, timer, cohort = engine.scheduler, self.timer, engine.cohort
+        batch = cohort.size
+        if times:
+            cohort.advance(times)  # nobody finishes in them: the run went on past them
+        cohort.allocate_next()  # the decodes' blocks, before the admission takes any
         begins = times[-1] if times else start_s
         admitted = scheduler.admit_beside_decodes(begins)
-        step_s = timer.step(admitted.chunks, batch, steps.last_context)
+        step_s = timer.step(admitted.chunks, batch, cohort.context)
         tokens = batch + admitted.num_batched_tokens
         if timer.times_shape_changes:
             step_s += timer.shape_change(engine.previous_tokens, tokens)
@@ -329,13 +338,17 @@ class Replica:
         if end > self.clock.next_arrival_s:
             yield self.env.timeout(end - self.env.now)  # this step spans an arrival, as in _run
         self._first_tokens_out(engine, step_s)  # this step follows theirs (after a run: none held)
-        finished = steps.finish([*times, end], finishing)  # no run step finishes a request: only this one may
+        finished = cohort.complete_next(end)
         if times:
             self.busy_s += times[-1] - start_s
             self.output_tokens += len(times) * batch
         self.busy_s += step_s
         finished += scheduler.update(admitted, self._sampled, end)
-        self._admitted_decode = all(chunk.samples for chunk in admitted.chunks)
+        sequences = engine.sequences
+        for chunk in admitted.chunks:
+            seq = sequences[chunk.request_id]
+            if chunk.samples and seq.status is RequestStatus.RUNNING:
+                cohort.join(seq)
         self._book(engine, admitted, end, sampled, finished, step_s, tokens)
         return end
 
@@ -390,6 +403,9 @@ class Replica:
         self.on_finish(seq, self.index)
 
     def _sample(self, now: float, batch_tokens: int) -> None:
+        for engine in self.engines:
+            if engine.cohort is not None:
+                engine.cohort.sync_all()  # the token counts read below
         running = [seq for e in self.engines for seq in e.scheduler.running]
         self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines), len(running),
                              sum(len(seq.token_ids) for seq in running), self.kv_utilization, batch_tokens,

@@ -1,7 +1,7 @@
 """Steady decode runs: many scheduler steps applied at once, with exactly the engine's outcome.
 
-Once the engine's next step will only decode (Scheduler.only_decodes_next: every running request
-has just its last sampled token to compute, and no waiting request gets in), its scheduler keeps
+Once the engine's next step will only decode (Scheduler.next_step: every running request has
+just its last sampled token to compute, and no waiting request gets in), its scheduler keeps
 making that same decision -- each running request, in admission order, one token -- until
 something changes: a request arrives, a request finishes, or the block pool cannot give a growing
 request its next block. Waiting requests that could not be admitted stay blocked meanwhile: the
@@ -9,167 +9,209 @@ running set and the token budget do not change, and the free pool only shrinks. 
 can only be evicted, never gained, in between, and only from its end (a block is freed no earlier
 than the blocks after it, so it is queued for eviction after them): each block the waiting head
 loses from its cached prefix is a block the pool handed out, so the blocks it lacks never
-outgrow the free pool's shrinking.
+outgrow the free pool's shrinking. A step that admits the waiting head beside the same decodes
+(Scheduler.admit_beside_decodes, the scheduler's own admission) changes the decodes in nothing.
 
-`steady_steps` finds how many of those steps can be taken in bulk (up to and including the step
-in which the first request finishes, and before the pool would run dry or the next arrival), and
-`apply` performs them: the tokens, their times, the block allocations and prefix-cache
-registrations in exactly the order the step-by-step scheduler would make them, and the finishes
-of the last step, so the block manager ends in the same state.
-tests/simulator/test_steady_decode.py checks that runs with and without it agree exactly.
+In such steps the running requests move in lockstep, a token each per step, so a DecodeCohort
+holds them without touching each one every step: their token counts, computed tokens and token
+times are written to the Sequence objects when something reads them (sync: a finish, a block
+registration, a time-series sample, and every request once the cohort is left to the scheduler).
+A step costs what changes in it. A request takes a new block every block_size steps and fills
+one every block_size steps, each at a phase of its own, so the members are kept in buckets by
+phase, in admission order; a step hands out and registers blocks for its phase's buckets, in the
+order schedule() and update() would (allocations in running order, then registrations in running
+order). Its finishes come off a heap of the step each member ends in (the simulator's requests
+stop on their length alone: ignore_eos, no stop tokens, as Replica.submit makes them), in running
+order. A run of k steps over n requests costs O(k + its block events + its finishes), not O(n k).
+tests/simulator/fleet/test_steady_decode.py checks that runs with and without it agree exactly.
 """
 
 from __future__ import annotations
 
+import heapq
+from itertools import repeat
+
 from engine.policy.scheduler import FinishedRequest, Scheduler
+from engine.policy.sequence import Sequence
 
 
-def steady_steps(scheduler: Scheduler, limit: int) -> tuple[int, int]:
-    """How many identical all-decode steps (at most limit) can be applied in bulk from now, and
-    the first step's total decode context (what StepTimer.plan_steady_run times from). Its caller
-    has seen the scheduler's next step only decode (Scheduler.next_step), so every running request
-    has computed all its tokens but the last; and the simulator's requests stop on their length
-    alone (ignore_eos, no stop tokens: Replica.submit makes them so), so their finishes are known.
-    One pass over the running requests (the simulator calls this for every run); a second only
-    where the free pool may run dry within the run."""
-    running = scheduler.running
-    if not running or limit <= 0 or len(running) > scheduler.config.max_num_batched_tokens:
-        return 0, 0
-    max_len = scheduler.config.max_model_len
-    steps, context = limit, 0
-    for seq in running:
-        num_tokens = len(seq.token_ids)
-        # Up to the step in which the first request finishes (apply finishes it as update() would):
-        # steps until the length limits stop it (the earlier of max_tokens and max_model_len).
-        end = seq.sampling.max_tokens + len(seq.prompt_token_ids)
-        if end > max_len:
-            end = max_len
-        if end - num_tokens < steps:
-            steps = end - num_tokens
-        context += num_tokens  # the context of its next step: every token, the last one computed then
-    if steps <= 0:
-        return 0, 0
-    # Before the pool would run dry: the new blocks for k more steps must all be free now. Each
-    # request takes at most 1 + (k - 1) // block_size of them; counted exactly only if that is too many.
-    bm = scheduler.block_manager
-    bs, free = bm.block_size, bm.num_free_blocks
-    if len(running) * (1 + (steps - 1) // bs) > free:
-        # first_block[j]: requests whose next new block is needed in step j (then every bs steps).
-        first_block: dict[int, int] = {}
-        for seq in running:
-            # A step computes the request's last token: step j needs a block when its tokens outgrow them.
-            j = len(seq.block_table) * bs - len(seq.token_ids) + 2
-            first_block[j] = first_block.get(j, 0) + 1
-        if _new_blocks(first_block, steps, bs) > free:
-            low, high = 0, steps  # largest k with _new_blocks(k) <= free
-            while low < high:
-                mid = (low + high + 1) // 2
-                if _new_blocks(first_block, mid, bs) <= free:
-                    low = mid
-                else:
-                    high = mid - 1
-            steps = low
-    return steps, context
+class _Member:
+    """A request of the cohort: its Sequence is written through step `synced`."""
+
+    __slots__ = ("seq", "synced", "alloc_phase", "register_phase")
+
+    def __init__(self, seq: Sequence, synced: int, alloc_phase: int, register_phase: int) -> None:
+        self.seq, self.synced, self.alloc_phase, self.register_phase = seq, synced, alloc_phase, register_phase
 
 
-def _new_blocks(first_block: dict[int, int], steps: int, block_size: int) -> int:
-    """Blocks the running requests allocate over `steps` decode steps, from the step in which each
-    first needs one (first_block: that step -> how many requests)."""
-    return sum(count * (1 + (steps - j) // block_size) for j, count in first_block.items() if j <= steps)
+class DecodeCohort:
+    """The scheduler's running requests while each decodes one token per step (see the module's
+    docstring). Steps are counted from the cohort's forming; `step` have been applied."""
 
-
-def apply(scheduler: Scheduler, step_end_times: list[float], token: int = 0,
-          finishing: bool = True) -> list[FinishedRequest]:
-    """Perform len(step_end_times) steady decode steps: what schedule() + update() would do.
-    Returns the requests that finished in the last step (only the last can finish one: steady_steps
-    ends the run there); finishing=False: the run was cut short of that step (DecodeSteps.finish)."""
-    return DecodeSteps(scheduler, len(step_end_times), token).finish(step_end_times, finishing)
-
-
-class DecodeSteps:
-    """`steps` steady decode steps of the scheduler's running requests, applied in two parts:
-    allocate() gives them their blocks through the last step's (what that step's schedule() does
-    for them), finish() does the rest. In between, the last step's schedule() may admit waiting
-    requests beside the decodes (Scheduler.admit_beside_decodes), as it would: the admissions take
-    from the pool after the decodes' blocks, and their update() comes after the decodes'."""
-
-    def __init__(self, scheduler: Scheduler, steps: int, token: int = 0) -> None:
-        self.scheduler, self.steps, self.token = scheduler, steps, token
+    def __init__(self, scheduler: Scheduler, token: int = 0) -> None:
+        self.scheduler, self.token = scheduler, token
         bm = scheduler.block_manager
-        bs = bm.block_size
-        running = self.running = list(scheduler.running)
-        # Block events in the order the step-by-step scheduler makes them: in step j, schedule()
-        # allocates (running order), then update() registers newly full blocks (running order).
-        events: list[tuple[int, int, int]] = []  # (step, phase 0 = allocate / 1 = register, running index)
-        caching = bm.enable_prefix_caching
-        filler = [token] * steps
-        context = 0
-        for i, seq in enumerate(running):
-            computed = seq.num_computed_tokens  # every token but the last (a steady decode)
-            context += computed
-            # Allocation in step j when computed + j > blocks held (then every block_size steps after).
-            j = len(seq.block_table) * bs - computed + 1
-            while j <= steps:
-                events.append((j, 0, i))
-                j += bs
-            if caching:
-                # Registration in step j when (computed + j) is a multiple of block_size.
-                j = bs - computed % bs
-                while j <= steps:
-                    events.append((j, 1, i))
-                    j += bs
-            seq.token_ids.extend(filler)  # every token of the run is known up front (block hashes read them)
-        events.sort()
-        self.events, self.done = events, 0
-        # The last step's total decode context (each request's context counts its new token).
-        self.last_context = context + steps * len(running)
+        self.block_size, self.caching = bm.block_size, bm.enable_prefix_caching
+        self.step = 0
+        self.times: list[float] = []  # times[k]: when step k + 1 ended
+        self.members: dict[str, _Member] = {}
+        # Members taking a block (filling one) in step s, in running order: _allocating[s % block_size].
+        self._allocating: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._registering: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._ends: list[tuple[int, int, _Member]] = []  # (the step it finishes in, join order, member)
+        self._joined = 0
+        # The members' tokens at `step` are _tokens + len(members) * step - _synced_sum (each member's
+        # written count plus the steps since it was written): the next step's decode context.
+        self._tokens = self._synced_sum = 0
+        for seq in scheduler.running:
+            self.join(seq)
 
-    def allocate(self) -> None:
-        """Every block event before the last step's registrations: the decodes hold their blocks
-        for every step (steady_steps checked the free pool holds them all)."""
-        self._events_until((self.steps, 1, -1))
+    # -- membership -----------------------------------------------------------------------------
+    def join(self, seq: Sequence) -> None:
+        """A running request that decodes next (its prompt computed, its last token not), after
+        the members (it was admitted after them)."""
+        num_tokens = len(seq.token_ids)
+        computed = seq.num_computed_tokens
+        bs, step = self.block_size, self.step
+        # First new block in step j when computed + j outgrows the blocks held; first full block
+        # when computed + j is a multiple of block_size. Both within one block's steps.
+        alloc = len(seq.block_table) * bs - computed + 1
+        register = bs - computed % bs
+        if computed != num_tokens - 1 or computed < seq.num_prefill_tokens or not 1 <= alloc <= bs:
+            raise AssertionError(f"request {seq.request_id!r} joined a decode cohort without decoding next")
+        member = _Member(seq, step, (step + alloc) % bs, (step + register) % bs)
+        self.members[seq.request_id] = member
+        self._allocating[member.alloc_phase].append(member)
+        if self.caching:
+            self._registering[member.register_phase].append(member)
+        # The length limits stop it: the earlier of max_tokens and max_model_len.
+        end = min(seq.sampling.max_tokens + len(seq.prompt_token_ids), self.scheduler.config.max_model_len)
+        heapq.heappush(self._ends, (step + end - num_tokens, self._joined, member))
+        self._joined += 1
+        self._tokens += num_tokens
+        self._synced_sum += step
 
-    def _events_until(self, end: tuple[int, int, int]) -> None:
-        """The block events before `end`, a (step, phase, -1) bound, not yet made."""
-        events, running, ahead = self.events, self.running, self.steps + 1
-        bm = self.scheduler.block_manager
-        k = self.done
-        while k < len(events) and events[k] < end:
-            j, phase, i = events[k]
-            seq = running[i]
-            if phase == 0:
-                bm.allocate_block(seq)
-            else:  # registered with the tokens computed by step j (the run's are all in token_ids)
-                seq.num_computed_tokens = len(seq.token_ids) - ahead + j
-                bm.cache_full_blocks(seq)
-            k += 1
-        self.done = k
+    def _leave(self, member: _Member) -> None:
+        del self.members[member.seq.request_id]
+        self._allocating[member.alloc_phase].remove(member)
+        if self.caching:
+            self._registering[member.register_phase].remove(member)
+        self._tokens -= len(member.seq.token_ids)
+        self._synced_sum -= member.synced
 
-    def finish(self, step_end_times: list[float], finishing: bool = True) -> list[FinishedRequest]:
-        """The rest of the steps (ending at step_end_times): their block events, tokens and times,
-        and the finishes of the last step. Returns the requests that finished. finishing=False:
-        the caller knows none can (steady_steps ended its run later), so none is looked for."""
-        self._events_until((self.steps + 1, 0, -1))
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def covers_running(self) -> bool:
+        """Whether every running request is a member (each decodes next)."""
+        return len(self.members) == len(self.scheduler.running)
+
+    @property
+    def context(self) -> int:
+        """The next step's total decode context: every member's tokens."""
+        return self._tokens + len(self.members) * self.step - self._synced_sum
+
+    # -- writing the Sequences ------------------------------------------------------------------
+    def _sync(self, member: _Member, step: int) -> None:
+        """Write the member's Sequence through `step` (its tokens, computed tokens and times)."""
+        lag = step - member.synced
+        if lag:
+            seq = member.seq
+            seq.token_ids.extend(repeat(self.token, lag))
+            seq.num_computed_tokens += lag
+            seq.token_times.extend(self.times[member.synced:step])
+            member.synced = step
+            self._tokens += lag
+            self._synced_sum += lag
+
+    def sync_all(self) -> None:
+        """Write every member's Sequence through the steps applied (before anything reads them)."""
+        step = self.step
+        for member in self.members.values():
+            if member.synced != step:
+                self._sync(member, step)
+
+    # -- the run's length ------------------------------------------------------------------------
+    def steady_steps(self, limit: int) -> int:
+        """How many steps (at most limit) can be applied in bulk from now: up to and including the
+        step in which the first member finishes, and before the pool would run dry. The caller has
+        seen the next step only decode (Scheduler.next_step)."""
+        n = len(self.members)
+        if not n or limit <= 0 or n > self.scheduler.config.max_num_batched_tokens:
+            return 0
+        steps = min(limit, self._ends[0][0] - self.step)
+        bs, free = self.block_size, self.scheduler.block_manager.num_free_blocks
+        # Each member takes a block every block_size steps: k steps take k // bs cycles of n blocks
+        # and the first k % bs phases' after them.
+        if n * (1 + (steps - 1) // bs) <= free:
+            return steps
+        cycles, spare = divmod(free, n)
+        if cycles * bs >= steps:
+            return steps
+        allocating, start = self._allocating, self.step + 1
+        phases = 0
+        while phases < bs - 1:
+            taken = len(allocating[(start + phases) % bs])
+            if taken > spare:
+                break
+            spare -= taken
+            phases += 1
+        return min(steps, cycles * bs + phases)
+
+    def decode_blocks_next(self) -> int:
+        """Members that take a new block in the next step."""
+        return len(self._allocating[(self.step + 1) % self.block_size])
+
+    # -- steps -----------------------------------------------------------------------------------
+    def advance(self, step_end_times: list[float]) -> list[FinishedRequest]:
+        """Apply steps ending at these times (no more than steady_steps allowed): what schedule() and
+        update() would do. Returns the requests that finished (in the last step only)."""
+        self.times.extend(step_end_times)
+        for _ in step_end_times:
+            self._allocate()
+            self._register()
+        return self._finish()
+
+    def allocate_next(self) -> None:
+        """The next step's blocks for the members (its schedule() gives them out before admitting
+        anyone beside them); complete_next() applies the rest of that step."""
+        self._allocate()
+
+    def complete_next(self, end_s: float) -> list[FinishedRequest]:
+        """The rest of the step allocate_next() began, ending at end_s: its registrations and
+        finishes (the requests it admitted are updated after these, as update() orders them)."""
+        self.times.append(end_s)
+        self._register()
+        return self._finish()
+
+    def _allocate(self) -> None:
+        allocate = self.scheduler.block_manager.allocate_block
+        for member in self._allocating[(self.step + 1) % self.block_size]:
+            allocate(member.seq)
+
+    def _register(self) -> None:
+        """Registrations of step `step + 1`, which then counts as applied."""
+        step = self.step = self.step + 1
+        if self.caching:
+            cache_full_blocks = self.scheduler.block_manager.cache_full_blocks
+            for member in self._registering[step % self.block_size]:
+                self._sync(member, step)
+                cache_full_blocks(member.seq)
+
+    def _finish(self) -> list[FinishedRequest]:
+        """The members whose last step was the step just applied, finished in running order as
+        update() finishes them. Freeing a request's blocks there interleaves with the other
+        requests' registrations and token bookkeeping, which touch neither the free pool nor the
+        freed blocks, so finishing after all registrations ends in the same state."""
         finished: list[FinishedRequest] = []
-        if not finishing:
-            for seq in self.running:
-                seq.num_computed_tokens = len(seq.token_ids) - 1
-                seq.token_times.extend(step_end_times)
-            return finished
-        # The last step's finishes, in running order as update() makes them. Freeing a request's
-        # blocks there interleaves with the other requests' registrations and token bookkeeping,
-        # which touch neither the free pool nor the freed blocks, so finishing here, after all
-        # registrations, ends in the same state.
-        scheduler, token = self.scheduler, self.token
-        end = step_end_times[-1]
-        max_len = scheduler.config.max_model_len
-        for seq in self.running:
-            num_tokens = len(seq.token_ids)
-            seq.num_computed_tokens = num_tokens - 1
-            seq.token_times.extend(step_end_times)
-            # The cheap screen of update(); the scheduler's rule decides.
-            if num_tokens - len(seq.prompt_token_ids) >= seq.sampling.max_tokens or num_tokens >= max_len:
-                done = scheduler.stop_if_done(seq, token, end)
-                if done is not None:
-                    finished.append(done)
+        ends, step = self._ends, self.step
+        while ends and ends[0][0] <= step:
+            _, _, member = heapq.heappop(ends)
+            self._sync(member, step)
+            self._leave(member)
+            done = self.scheduler.stop_if_done(member.seq, self.token, self.times[step - 1])
+            if done is None:
+                raise AssertionError(f"request {member.seq.request_id!r} outlived its length in a decode cohort")
+            finished.append(done)
         return finished

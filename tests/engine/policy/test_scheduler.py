@@ -6,7 +6,7 @@ import pytest
 
 from engine.policy.config import CacheConfig, SchedulerConfig
 from engine.policy.sampling_params import SamplingParams
-from engine.policy.scheduler import Scheduler
+from engine.policy.scheduler import NextStep, Scheduler
 from engine.policy.sequence import Sequence
 
 
@@ -131,10 +131,11 @@ def test_requests_that_can_never_run_are_refused() -> None:
 
 
 @pytest.mark.parametrize("chunked, seed", [(True, 0), (True, 1), (False, 2)])
-def test_only_decodes_next_predicts_the_next_step(chunked, seed) -> None:
-    """only_decodes_next() (which the simulator trusts to take decode steps in bulk) says exactly
-    whether the next schedule() only decodes -- every running request one token, no preemption, no
-    admission -- through tight pools, shared cached prefixes, capped prompt chunks and preemptions."""
+def test_next_step_predicts_the_next_step(chunked, seed) -> None:
+    """next_step() (which the simulator trusts to take decode steps in bulk) says exactly whether
+    the next schedule() only decodes -- every running request one token, no preemption, no
+    admission -- or decodes the same way and admits beside them, through tight pools, shared cached
+    prefixes, capped prompt chunks and preemptions; only_decodes_next() is the first of these."""
     import random
 
     rng = random.Random(seed)
@@ -146,22 +147,29 @@ def test_only_decodes_next_predicts_the_next_step(chunked, seed) -> None:
         prefix_len, suffix_len, output_len, arrivals = (18, 28), (1, 11), (2, 12), [0, 0, 0, 1, 2]
     prefixes = [[rng.randrange(3, 9) for _ in range(rng.randrange(*prefix_len))] for _ in range(3)]
     outcomes = {True: 0, False: 0}
-    waiting_refused = 0
+    waiting_refused = admitting = 0
     for step in range(3000):
         for _ in range(rng.choice(arrivals)):
             prompt = rng.choice(prefixes) + [rng.randrange(3, 9) for _ in range(rng.randrange(*suffix_len))]
             s.add(Sequence(f"r{step}-{rng.random()}", prompt,
                            SamplingParams(max_tokens=rng.randrange(*output_len), ignore_eos=True), 0.0))
         running = [seq.request_id for seq in s.running]
+        kind = s.next_step()
         predicted = s.only_decodes_next()
+        assert predicted == (kind is NextStep.ONLY_DECODES)
         out = s.schedule()
-        only_decodes = (not out.preempted and [c.request_id for c in out.chunks] == running
-                        and all(c.num_tokens == 1 and not c.is_prefill for c in out.chunks))
+        decodes = out.chunks[:len(running)]
+        all_decode = (not out.preempted and [c.request_id for c in decodes] == running
+                      and all(c.num_tokens == 1 and not c.is_prefill for c in decodes))
+        only_decodes = all_decode and len(out.chunks) == len(running)
         assert predicted == only_decodes, step
+        assert (kind is NextStep.DECODES_AND_ADMISSIONS) == (all_decode and len(out.chunks) > len(running)), step
         outcomes[predicted] += 1
+        admitting += kind is NextStep.DECODES_AND_ADMISSIONS
         waiting_refused += predicted and bool(s.waiting)
         s.update(out, {c.request_id: 1 for c in out.chunks if c.samples}, float(step))
-    assert min(outcomes.values()) > 200 and waiting_refused > 100, (outcomes, waiting_refused)
+    assert min(outcomes.values()) > 200 and waiting_refused > 100 and admitting > 100, \
+        (outcomes, waiting_refused, admitting)
     assert s.num_preemptions > 0
 
 

@@ -146,3 +146,22 @@ def test_bulk_decode_runs_equal_step_by_step_when_shape_changes_cost(profiled, t
     pd.testing.assert_frame_equal(bulk.requests, stepwise.requests, check_exact=False, rtol=1e-12)
     plain = simulate(config, load_workload(spec, seed=3))
     assert bulk.requests["e2e_s"].mean() > plain.requests["e2e_s"].mean()  # the charge is there
+
+
+def test_admissions_beside_bulk_decodes_equal_step_by_step(monkeypatch) -> None:
+    """Arrivals that cut steady runs short are admitted beside the running requests' decodes in
+    bulk (Scheduler.admit_beside_decodes, with the run before them) as well as after a finish:
+    the same requests and summary as stepping, through a pool tight enough to preempt."""
+    from engine.policy.scheduler import Scheduler
+
+    calls = []
+    admit = Scheduler.admit_beside_decodes
+    monkeypatch.setattr(Scheduler, "admit_beside_decodes", lambda self, now: calls.append(now) or admit(self, now))
+    config = SimConfig(model="llama-3.1-8b", hardware="a100-80gb", num_gpu_blocks=900, block_size=8)
+    spec = "synthetic:num=400,input=uniform(20,600),output=uniform(1,300),rate=12"
+    bulk = simulate(config, load_workload(spec, seed=5))
+    assert len(calls) > 200
+    stepwise = simulate(config, load_workload(spec, seed=5), bulk_decodes=False)
+    assert_same_simulation(bulk, stepwise, ("ttft_s", "tpot_s", "e2e_s", "throughput", "preemptions", "time_split_s",
+                                            "prefix_cache_hit_rate"))
+    assert bulk.summary.preemptions > 0
