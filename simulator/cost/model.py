@@ -180,7 +180,8 @@ class CostModel:
         """The bandwidth an operator on curve `key` sees for a working set (curves.streams)."""
         if streams(key):
             return self.bandwidth_at
-        return lambda nbytes: self.bandwidth
+        bandwidth = self.bandwidth  # a cost model is a value: its peak bandwidth never changes
+        return lambda nbytes: bandwidth
 
     def bandwidth_at(self, nbytes: float) -> float:
         """Bandwidth for a working set of nbytes: from the profile's measured curve where it has

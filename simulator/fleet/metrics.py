@@ -114,7 +114,7 @@ class Recorder:
         c["preemptions"].append(seq.num_preemptions)
         c["cached_prompt_tokens"].append(seq.num_cached_prompt_tokens)
         self._pending_times.append(times)
-        if len(self._pending_times) >= 4096:
+        if len(self._pending_times) >= 1024:  # binned in batches small enough to reuse their memory
             self.flush_gaps()
         if self.watch is not None:
             counted = seq.request_id in self._first_tokens_told

@@ -166,10 +166,6 @@ class Replica:
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
         env, scheduler, timer = self.env, engine.scheduler, self.timer
-        follows_time = timer.follows_time  # its step times depend on when the step starts (timer.now)
-        # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
-        pool = getattr(scheduler, "block_manager", None)
-        tier = pool if isinstance(pool, TieredBlockPool) else None
         cold_s = 0.0  # extra time of the first step after an idle spell
         while True:
             if not scheduler.has_unfinished():
@@ -177,42 +173,16 @@ class Replica:
                 engine.wakeup = env.event()
                 yield engine.wakeup
                 engine.wakeup = None
-                if follows_time:
+                if timer.follows_time:
                     timer.now = env.now
                 cold_s = timer.wakeup(env.now - idle_from)
                 engine.previous_tokens = None
             now = env.now
             while scheduler.has_unfinished():
-                if tier is None:
-                    out = scheduler.schedule(now)
-                else:
-                    tier.loading = True
-                    out = scheduler.schedule(now)
-                    tier.loading = False
-                if out.is_empty:
+                now, out = yield from self._step(engine, now, cold_s)
+                if out is None:
                     break  # nothing admissible until something arrives
-                if follows_time:
-                    timer.now = now
-                step_s = timer.step(out.chunks) + cold_s
-                if tier is not None:
-                    step_s += tier.take_load_s()
                 cold_s = 0.0
-                if timer.times_shape_changes:
-                    tokens = out.num_batched_tokens
-                    step_s += timer.shape_change(engine.previous_tokens, tokens)
-                    engine.previous_tokens = tokens
-                sampled = timer.last_sampled  # read now: the timer is shared with other replicas
-                accepted = None
-                if self.speculation is not None:  # drafts proposed before the step, accepted by it
-                    step_s += self.speculation.draft_time(out, scheduler.requests)
-                    accepted = self.speculation.accepted(out, scheduler.requests)
-                    sampled += sum(len(a) for a in accepted.values())
-                self.busy_s += step_s
-                now += step_s
-                if now > self.clock.next_arrival_s:
-                    # This step spans an arrival: let SimPy deliver it at its time.
-                    yield env.timeout(now - env.now)
-                self._apply(engine, out, now, sampled, accepted, step_s)
                 if (self.bulk_decodes and timer.times_steady_runs and isinstance(scheduler, Scheduler)
                         and scheduler.only_decodes_next()):
                     now = yield from self._steady_runs(engine, now)
@@ -226,6 +196,45 @@ class Replica:
                 engine.wakeup = None
                 engine.previous_tokens = None
 
+    def _step(self, engine: _VirtualEngine, now: float, cold_s: float = 0.0):
+        """One scheduler step from `now` (cold_s: extra time, after an idle spell): schedule(), its
+        time, update(). A generator, as _run's loop is: returns (when it ends, its output), or
+        (now, None) when nothing could be scheduled."""
+        env, scheduler, timer = self.env, engine.scheduler, self.timer
+        # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
+        pool = getattr(scheduler, "block_manager", None)
+        tier = pool if isinstance(pool, TieredBlockPool) else None
+        if tier is None:
+            out = scheduler.schedule(now)
+        else:
+            tier.loading = True
+            out = scheduler.schedule(now)
+            tier.loading = False
+        if out.is_empty:
+            return now, None
+        if timer.follows_time:  # its step times depend on when the step starts
+            timer.now = now
+        step_s = timer.step(out.chunks) + cold_s
+        if tier is not None:
+            step_s += tier.take_load_s()
+        if timer.times_shape_changes:
+            tokens = out.num_batched_tokens
+            step_s += timer.shape_change(engine.previous_tokens, tokens)
+            engine.previous_tokens = tokens
+        sampled = timer.last_sampled  # read now: the timer is shared with other replicas
+        accepted = None
+        if self.speculation is not None:  # drafts proposed before the step, accepted by it
+            step_s += self.speculation.draft_time(out, scheduler.requests)
+            accepted = self.speculation.accepted(out, scheduler.requests)
+            sampled += sum(len(a) for a in accepted.values())
+        self.busy_s += step_s
+        now += step_s
+        if now > self.clock.next_arrival_s:
+            # This step spans an arrival: let SimPy deliver it at its time.
+            yield env.timeout(now - env.now)
+        self._apply(engine, out, now, sampled, accepted, step_s)
+        return now, out
+
     def _steady_runs(self, engine: _VirtualEngine, now: float):
         """Steady decode runs from `now` (a generator: it waits them out in SimPy time); returns the
         time the last step taken ends, which env.now has reached.
@@ -238,75 +247,91 @@ class Replica:
         step that admits the waiting beside the same decodes is applied in bulk too, with the run
         before it when an arrival cut it short (_run_then_admit); any other step is left to the
         scheduler."""
-        env, scheduler, timer = self.env, engine.scheduler, self.timer
+        scheduler = engine.scheduler
         in_bulk = self._admits_in_bulk(engine)
         cohort = engine.cohort = steady_decode.DecodeCohort(scheduler, SAMPLED_TOKEN)
         try:
             while True:
                 steps = cohort.steady_steps(STEADY_RUN_LIMIT)
-                if steps <= 0:
-                    return now
-                batch = cohort.size
-                first_extra_s = timer.shape_change(engine.previous_tokens, batch)
-                if timer._pads:  # padded groups are timed from every request's context
-                    cohort.sync_all()
-                run = timer.plan_steady_run(scheduler.running, steps, now, cohort.context, first_extra_s)
-                # Timed as far as the next arrival (which ends the run if it comes here), then further
-                # if it went elsewhere: runs are often cut short, and timing a step is a cost.
-                run.plan_until(self.clock.next_arrival_s)
-                ends = run.end_times
-                engine.in_steady_run = True
-                try:
-                    while True:
-                        yield env.timeout(ends[-1] - env.now)
-                        if len(ends) == steps:
-                            break
-                        run.plan_until(self.clock.next_arrival_s)
-                    taken = steps
-                except simpy.Interrupt:
-                    # Steps that began at or before the arrival (the first began at `now`) are
-                    # scheduled without it; the one after them admits it (it may begin at the
-                    # arrival's instant).
-                    taken = min(1 + bisect.bisect_right(ends, env.now), steps)
-                    run.plan(taken)
-                interrupted = not engine.in_steady_run
-                engine.in_steady_run = False
-                if ends[taken - 1] > env.now:
-                    # Finish the step the arrival came in before booking it, as the step-by-step loop
-                    # does: its finishes must not show before that step ends (the router reads them).
-                    yield env.timeout(ends[taken - 1] - env.now)
-                run.commit(taken)
-                engine.previous_tokens = batch
-                times = ends[:taken]
-                self._first_tokens_out(engine, times[0] - now)
-                if interrupted and taken < steps and in_bulk and times[-1] < self._next_sample_s:
-                    # The step after the run admits the newcomer beside the same decodes: applied with
-                    # the run (nobody finishes before it; a time-series sample would read the run's end).
-                    now = yield from self._run_then_admit(engine, now, times)
-                else:
-                    last_step_s = times[-1] - (times[-2] if taken > 1 else now)
-                    finished = cohort.advance(times)
-                    self.busy_s += times[-1] - now
-                    self.output_tokens += taken * batch
-                    now = times[-1]
-                    for done in finished:
-                        self._retire(engine, done.request_id, last_step_s)
-                    if now >= self._next_sample_s:
-                        self._next_sample_s = now + self.sample_every_s
-                        self._sample(now, batch)
-                    if not interrupted and not (scheduler.waiting and finished):
+                if steps > 0:
+                    now, admit_next = yield from self._steady_run(engine, now, steps, in_bulk)
+                    if not admit_next:
                         continue  # nothing new to admit: the next step only decodes (steady_steps: how far)
+                elif not cohort.size:
+                    return now
                 while True:
-                    following = (scheduler.next_step_beside_decodes(cohort.decode_blocks_next())
-                                 if cohort.covers_running() else NextStep.OTHER)
+                    if not cohort.covers_running():
+                        return now  # a prompt still being computed: the scheduler's steps
+                    following = scheduler.next_step_beside_decodes(cohort.decode_blocks_next())
                     if following is NextStep.ONLY_DECODES:
                         break
-                    if following is NextStep.OTHER or not in_bulk:
+                    if following is NextStep.DECODES_AND_ADMISSIONS and in_bulk:
+                        now = yield from self._run_then_admit(engine, now, [])
+                        continue
+                    # A step for the scheduler itself (decodes that need blocks the pool lacks
+                    # preempt): the cohort written out for it, then told what it did.
+                    cohort.sync_all()
+                    now, out = yield from self._step(engine, now)
+                    if out is None or not cohort.absorb(out, now):
                         return now
-                    now = yield from self._run_then_admit(engine, now, [])
         finally:
             cohort.sync_all()
             engine.cohort = None
+
+    def _steady_run(self, engine: _VirtualEngine, now: float, steps: int, in_bulk: bool):
+        """A steady run of at most `steps` steps from `now`, cut short by an arrival routed here
+        (then the step after it, which admits the newcomer, is applied with it where in_bulk). A
+        generator: returns (when its last step ends, whether the scheduler's next step may admit
+        someone)."""
+        env, scheduler, timer, cohort = self.env, engine.scheduler, self.timer, engine.cohort
+        batch = cohort.size
+        first_extra_s = timer.shape_change(engine.previous_tokens, batch)
+        if timer._pads:  # padded groups are timed from every request's context
+            cohort.sync_all()
+        run = timer.plan_steady_run(scheduler.running, steps, now, cohort.context, first_extra_s)
+        # Timed as far as the next arrival (which ends the run if it comes here), then further
+        # if it went elsewhere: runs are often cut short, and timing a step is a cost.
+        run.plan_until(self.clock.next_arrival_s)
+        ends = run.end_times
+        engine.in_steady_run = True
+        try:
+            while True:
+                yield env.timeout(ends[-1] - env.now)
+                if len(ends) == steps:
+                    break
+                run.plan_until(self.clock.next_arrival_s)
+            taken = steps
+        except simpy.Interrupt:
+            # Steps that began at or before the arrival (the first began at `now`) are scheduled
+            # without it; the one after them admits it (it may begin at the arrival's instant).
+            taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+            run.plan(taken)
+        interrupted = not engine.in_steady_run
+        engine.in_steady_run = False
+        if ends[taken - 1] > env.now:
+            # Finish the step the arrival came in before booking it, as the step-by-step loop
+            # does: its finishes must not show before that step ends (the router reads them).
+            yield env.timeout(ends[taken - 1] - env.now)
+        run.commit(taken)
+        engine.previous_tokens = batch
+        times = ends[:taken]
+        self._first_tokens_out(engine, times[0] - now)
+        if interrupted and taken < steps and in_bulk and times[-1] < self._next_sample_s:
+            # The step after the run admits the newcomer beside the same decodes: applied with the
+            # run (nobody finishes before it; a time-series sample would read the run's end).
+            now = yield from self._run_then_admit(engine, now, times)
+            return now, True
+        last_step_s = times[-1] - (times[-2] if taken > 1 else now)
+        finished = cohort.advance(times)
+        self.busy_s += times[-1] - now
+        self.output_tokens += taken * batch
+        now = times[-1]
+        for done in finished:
+            self._retire(engine, done.request_id, last_step_s)
+        if now >= self._next_sample_s:
+            self._next_sample_s = now + self.sample_every_s
+            self._sample(now, batch)
+        return now, interrupted or bool(scheduler.waiting and finished)
 
     def _admits_in_bulk(self, engine: _VirtualEngine) -> bool:
         """Whether a step that admits requests beside a steady run's decodes may be applied in bulk

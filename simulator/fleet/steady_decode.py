@@ -31,17 +31,21 @@ from __future__ import annotations
 import heapq
 from itertools import repeat
 
-from engine.policy.scheduler import FinishedRequest, Scheduler
-from engine.policy.sequence import Sequence
+from engine.policy.scheduler import FinishedRequest, Scheduler, SchedulerOutput
+from engine.policy.sequence import RequestStatus, Sequence
+from simulator.fleet.block_pool import ExactKeyBlockPool
 
 
 class _Member:
-    """A request of the cohort: its Sequence is written through step `synced`."""
+    """A request of the cohort: its Sequence's tokens and times are written through step `synced`;
+    its computed tokens after step s are base + s."""
 
-    __slots__ = ("seq", "synced", "alloc_phase", "register_phase")
+    __slots__ = ("seq", "synced", "base", "alloc_phase", "register_phase", "gone")
 
-    def __init__(self, seq: Sequence, synced: int, alloc_phase: int, register_phase: int) -> None:
-        self.seq, self.synced, self.alloc_phase, self.register_phase = seq, synced, alloc_phase, register_phase
+    def __init__(self, seq: Sequence, synced: int, base: int, alloc_phase: int, register_phase: int) -> None:
+        self.seq, self.synced, self.base = seq, synced, base
+        self.alloc_phase, self.register_phase = alloc_phase, register_phase
+        self.gone = False  # left the cohort (its entry in the heap of ends is dropped when reached)
 
 
 class DecodeCohort:
@@ -52,6 +56,9 @@ class DecodeCohort:
         self.scheduler, self.token = scheduler, token
         bm = scheduler.block_manager
         self.block_size, self.caching = bm.block_size, bm.enable_prefix_caching
+        # A pool given exact keys registers a block from the computed count alone; one that hashes
+        # tokens reads them too.
+        self._registers_by_count = isinstance(bm, ExactKeyBlockPool)
         self.step = 0
         self.times: list[float] = []  # times[k]: when step k + 1 ended
         self.members: dict[str, _Member] = {}
@@ -79,7 +86,7 @@ class DecodeCohort:
         register = bs - computed % bs
         if computed != num_tokens - 1 or computed < seq.num_prefill_tokens or not 1 <= alloc <= bs:
             raise AssertionError(f"request {seq.request_id!r} joined a decode cohort without decoding next")
-        member = _Member(seq, step, (step + alloc) % bs, (step + register) % bs)
+        member = _Member(seq, step, computed - step, (step + alloc) % bs, (step + register) % bs)
         self.members[seq.request_id] = member
         self._allocating[member.alloc_phase].append(member)
         if self.caching:
@@ -92,6 +99,7 @@ class DecodeCohort:
         self._synced_sum += step
 
     def _leave(self, member: _Member) -> None:
+        member.gone = True
         del self.members[member.seq.request_id]
         self._allocating[member.alloc_phase].remove(member)
         if self.caching:
@@ -119,7 +127,7 @@ class DecodeCohort:
         if lag:
             seq = member.seq
             seq.token_ids.extend(repeat(self.token, lag))
-            seq.num_computed_tokens += lag
+            seq.num_computed_tokens = member.base + step
             seq.token_times.extend(self.times[member.synced:step])
             member.synced = step
             self._tokens += lag
@@ -140,7 +148,10 @@ class DecodeCohort:
         n = len(self.members)
         if not n or limit <= 0 or n > self.scheduler.config.max_num_batched_tokens:
             return 0
-        steps = min(limit, self._ends[0][0] - self.step)
+        ends = self._ends
+        while ends[0][2].gone:  # preempted: its end no longer stands
+            heapq.heappop(ends)
+        steps = min(limit, ends[0][0] - self.step)
         bs, free = self.block_size, self.scheduler.block_manager.num_free_blocks
         # Each member takes a block every block_size steps: k steps take k // bs cycles of n blocks
         # and the first k % bs phases' after them.
@@ -185,6 +196,41 @@ class DecodeCohort:
         self._register()
         return self._finish()
 
+    def absorb(self, out: SchedulerOutput, end_s: float) -> bool:
+        """A step the scheduler took itself (schedule() and update(), after sync_all), ending at
+        end_s: every member decoded its one token or was preempted (a step whose decodes needed
+        blocks the pool lacked); the requests it admitted join if they decode next. False when the
+        step was not one of those: then the cohort no longer holds its requests."""
+        members = self.members
+        decoding = []
+        for chunk in out.chunks:
+            member = members.get(chunk.request_id)
+            if member is not None:
+                if chunk.num_tokens != 1:
+                    return False
+                decoding.append(member)
+        preempted = [members[r] for r in out.preempted if r in members]
+        if len(decoding) + len(preempted) != len(members):
+            return False
+        self.step += 1
+        self.times.append(end_s)
+        for member in decoding:
+            member.synced += 1  # update() wrote its token and time
+        self._tokens += len(decoding)
+        self._synced_sum += len(decoding)
+        for member in preempted:
+            self._leave(member)
+        for member in decoding:
+            if member.seq.status is not RequestStatus.RUNNING:
+                self._leave(member)  # finished
+        requests = self.scheduler.requests
+        for chunk in out.chunks:
+            if chunk.samples and chunk.request_id not in members:
+                seq = requests.get(chunk.request_id)
+                if seq is not None and seq.status is RequestStatus.RUNNING:
+                    self.join(seq)  # admitted, its prompt computed
+        return True
+
     def _allocate(self) -> None:
         allocate = self.scheduler.block_manager.allocate_block
         for member in self._allocating[(self.step + 1) % self.block_size]:
@@ -195,9 +241,15 @@ class DecodeCohort:
         step = self.step = self.step + 1
         if self.caching:
             cache_full_blocks = self.scheduler.block_manager.cache_full_blocks
-            for member in self._registering[step % self.block_size]:
-                self._sync(member, step)
-                cache_full_blocks(member.seq)
+            if self._registers_by_count:
+                for member in self._registering[step % self.block_size]:
+                    seq = member.seq
+                    seq.num_computed_tokens = member.base + step
+                    cache_full_blocks(seq)
+            else:
+                for member in self._registering[step % self.block_size]:
+                    self._sync(member, step)
+                    cache_full_blocks(member.seq)
 
     def _finish(self) -> list[FinishedRequest]:
         """The members whose last step was the step just applied, finished in running order as
@@ -208,6 +260,8 @@ class DecodeCohort:
         ends, step = self._ends, self.step
         while ends and ends[0][0] <= step:
             _, _, member = heapq.heappop(ends)
+            if member.gone:
+                continue
             self._sync(member, step)
             self._leave(member)
             done = self.scheduler.stop_if_done(member.seq, self.token, self.times[step - 1])
