@@ -115,7 +115,7 @@ def _fit_levels(samples: Sequence[Sample], peak_flops: float, bandwidth: float |
 
 
 def _soft_floor(time, floor, sharpness):
-    """Vectorised simulator.cost.efficiency._soft_floor."""
+    """Vectorised: the soft floor of simulator.cost.efficiency.EfficiencyCurve.time."""
     big = np.maximum(time, floor)
     return big * ((time / big) ** sharpness + (floor / big) ** sharpness) ** (1 / sharpness)
 

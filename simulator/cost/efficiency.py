@@ -36,8 +36,17 @@ class EfficiencyCurve:
     def time(self, flops: float, nbytes: float, peak_flops: float, bandwidth: float, additive: bool = False) -> float:
         """additive: the two sides run one after the other (a gather, then the math) instead of overlapping."""
         floor_c, floor_m = self._floors
-        compute = _soft_floor(flops / peak_flops / self.ec_max, floor_c, self.pc) if flops > 0 else 0.0
-        memory = _soft_floor(nbytes / bandwidth / self.em_max, floor_m, self.pm) if nbytes > 0 else 0.0
+        # Each side max(time, floor), smoothed (exact in the limit of large sharpness); inline: the
+        # simulator times a step's operators here.
+        compute = memory = 0.0
+        if flops > 0:
+            x = flops / peak_flops / self.ec_max
+            big, p = (x if x >= floor_c else floor_c), self.pc
+            compute = big * ((x / big) ** p + (floor_c / big) ** p) ** (1 / p)
+        if nbytes > 0:
+            x = nbytes / bandwidth / self.em_max
+            big, p = (x if x >= floor_m else floor_m), self.pm
+            memory = big * ((x / big) ** p + (floor_m / big) ** p) ** (1 / p)
         return self.t0 + (compute + memory if additive else max(compute, memory))
 
     @cached_property
@@ -57,12 +66,6 @@ class EfficiencyCurve:
 
     def vector(self) -> list[float]:
         return [self.t0, self.ec_max, self.log_fc, self.pc, self.em_max, self.log_fm, self.pm]
-
-
-def _soft_floor(time: float, floor: float, sharpness: float) -> float:
-    """max(time, floor), smoothed; exact in the limit of large sharpness."""
-    big = max(time, floor)
-    return big * ((time / big) ** sharpness + (floor / big) ** sharpness) ** (1 / sharpness)
 
 
 # -- work of each operator: (FLOPs, bytes) ------------------------------------------------------

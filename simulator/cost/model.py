@@ -56,6 +56,7 @@ class CostModel:
         self._bandwidth = bandwidth
         self._series: dict[tuple, Series] = index_profile(profile.measurements) if profile is not None else {}
         self._sources: dict[tuple, Source | None] = {}  # (kind, shape) -> its source, built on first use
+        self._modeled: dict[tuple, tuple] = {}  # modeled()'s arguments -> a Modeled source's, but its work
         # A smaller working set is never slower to read: the measured curve's running maximum from
         # the large end (small reads are timed with call overhead that belongs to t0, not to bandwidth).
         self._bandwidth_envelope: list[tuple[int, float]] = []
@@ -124,10 +125,10 @@ class CostModel:
         return model
 
     def _changed(self, **fields) -> "CostModel":
-        """A copy with these attributes replaced and its own (empty) source cache."""
+        """A copy with these attributes replaced and its own (empty) source caches."""
         model = copy.copy(self)
         model.__dict__.update(fields)
-        model._sources = {}
+        model._sources, model._modeled = {}, {}
         return model
 
     def with_fitted(self, fitted: FittedTerms) -> "CostModel":
@@ -246,16 +247,22 @@ class CostModel:
         where there is one, else the shipped extrapolation; at the engine's fitted speed of its
         operator family (the curve name's first part unless given): its bandwidth speed cm.scales[family]
         and arithmetic speed cm.scales[family + "_compute"] (sources.Modeled)."""
-        used = self.curve_used(curve_name)
-        if provenance is None:
-            own_curve = used == curve_name or (curve_name.startswith("gemm:") and used == "gemm")
-            fitted_here = self.accelerator.id == self.fitted_device and own_curve
-            provenance = "fitted" if self.profile is not None or fitted_here else "extrapolated"
-        if expected_error is None:
-            expected_error = self.expected_error(provenance, curve_name)
-        family = family or curve_name.split(":")[0]
-        return Modeled(self.curves[used], additive(used), self.peak_flops(dtype), self.bandwidth_for(curve_name), work,
-                       provenance, expected_error, self.scales.get(family, 1.0), self.scales.get(f"{family}_compute", 1.0))
+        key = (curve_name, dtype, provenance, expected_error, family)
+        made = self._modeled.get(key)  # all but the work: a prompt length of its own makes a source of its own
+        if made is None:
+            used = self.curve_used(curve_name)
+            if provenance is None:
+                own_curve = used == curve_name or (curve_name.startswith("gemm:") and used == "gemm")
+                fitted_here = self.accelerator.id == self.fitted_device and own_curve
+                provenance = "fitted" if self.profile is not None or fitted_here else "extrapolated"
+            if expected_error is None:
+                expected_error = self.expected_error(provenance, curve_name)
+            family = family or curve_name.split(":")[0]
+            made = self._modeled[key] = (self.curves[used], additive(used), self.peak_flops(dtype),
+                                         self.bandwidth_for(curve_name), provenance, expected_error,
+                                         self.scales.get(family, 1.0), self.scales.get(f"{family}_compute", 1.0))
+        curve, adds, peak, bandwidth_of, provenance, expected_error, scale, compute_speed = made
+        return Modeled(curve, adds, peak, bandwidth_of, work, provenance, expected_error, scale, compute_speed)
 
     # -- predictions -------------------------------------------------------------------------
     def predict(self, kind: str, *args, **params) -> Prediction:

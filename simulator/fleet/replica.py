@@ -104,6 +104,7 @@ class Replica:
         self.engines = [_VirtualEngine(make_scheduler()) for _ in range(pp)]
         # request id -> the token it samples, for every unfinished request (update() reads it).
         self._sampled: dict = {}
+        self._sampling: dict[int, SamplingParams] = {}  # max_tokens -> the requests' sampling
         self.sample_every_s = sample_every_s
         # Apply steady decode runs in bulk (simulator/fleet/steady_decode.py); same outcome, fewer calls.
         # Not under speculation: its steps verify drafts, they are not plain decodes.
@@ -140,9 +141,12 @@ class Replica:
         """A request arrives (arrived_blocks: its first full prompt blocks come computed from another
         replica, tiered_pool.py)."""
         engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
-        seq = (KeyedSequence if self.keyed else Sequence)(
-            request.request_id, request.prompt_token_ids(),
-            SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True), request.arrival_s)
+        params = self._sampling.get(request.output_tokens)
+        if params is None:  # one (frozen) SamplingParams per output length: a request makes none
+            params = self._sampling[request.output_tokens] = SamplingParams(
+                max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True)
+        seq = (KeyedSequence if self.keyed else Sequence)(request.request_id, request.prompt_token_ids(), params,
+                                                          request.arrival_s)
         if self.block_keys is not None:
             seq.block_hashes = self.block_keys.of(request)
             seq.first_private_block = self.block_keys.first_private(request)
