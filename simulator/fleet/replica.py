@@ -432,13 +432,18 @@ class Replica:
         self.on_finish(seq, self.index)
 
     def _sample(self, now: float, batch_tokens: int) -> None:
+        running = tokens = 0
         for engine in self.engines:
-            if engine.cohort is not None:
-                engine.cohort.sync_all()  # the token counts read below
-        running = [seq for e in self.engines for seq in e.scheduler.running]
-        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines), len(running),
-                             sum(len(seq.token_ids) for seq in running), self.kv_utilization, batch_tokens,
-                             self.finished_requests, self.output_tokens)
+            cohort, requests = engine.cohort, engine.scheduler.running
+            running += len(requests)
+            if cohort is not None and cohort.covers_running():
+                tokens += cohort.context  # its members' tokens, some not yet written to their Sequences
+            else:
+                if cohort is not None:
+                    cohort.sync_all()
+                tokens += sum(len(seq.token_ids) for seq in requests)
+        self.recorder.sample(now, self.index, sum(len(e.scheduler.waiting) for e in self.engines), running, tokens,
+                             self.kv_utilization, batch_tokens, self.finished_requests, self.output_tokens)
 
     @property
     def kv_utilization(self) -> float:
