@@ -66,6 +66,14 @@ class ExactKeyBlockPool(BlockManager):
         return keys
 
     # -- deferred registration of private blocks -------------------------------------------------
+    def registers_by_count(self, seq: KeyedSequence) -> bool:
+        """Whether every block the sequence fills from now on is one of its private ones (those
+        from its registered count on): cache_full_blocks then only counts them, so it may count
+        many at once (the simulator's decode cohort, steady_decode.py, calls it when it writes the
+        sequence out, not per block)."""
+        private = seq.first_private_block
+        return private is not None and seq.num_registered_blocks >= private
+
     def _register_blocks(self, seq: KeyedSequence, first: int, end: int) -> None:
         private = seq.first_private_block
         if private is None or end <= private:

@@ -14,11 +14,12 @@ decisions and times are those of one event per step; only the event-loop overhea
 
 Steady decode runs (simulator/fleet/steady_decode.py) go further: during one, nothing the router reads
 changes (outstanding tokens move only when a request arrives or finishes, and a run ends at its
-first finish), so a run is planned up to its first finish and waited out in one SimPy timeout,
-whatever arrives elsewhere meanwhile. An arrival routed to the replica interrupts the wait; the
-replica then takes the steps that began at or before that instant -- the ones the step-by-step
-loop schedules without the newcomer -- and the next step offers it admission, as that loop would
-(unless the scheduler says that step only decodes: then the runs go on).
+first finish), so a run is planned up to its first finish and waited out a timeout per arrival at
+the cluster, each to the end of the step across it. An arrival routed to the replica is noted;
+at the end of that step the replica takes the steps that began at or before the arrival -- the
+ones the step-by-step loop schedules without the newcomer -- and the next step offers it
+admission, as that loop would (applied in bulk with the run where it can be; unless the scheduler
+says that step only decodes: then the runs go on).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class _VirtualEngine:
     sequences: dict = field(default_factory=dict)
     process: simpy.Process | None = None
     loop: Generator | None = None  # the step loop the process runs
-    in_steady_run: bool = False  # waiting out a planned steady decode run (an arrival interrupts it)
+    in_steady_run: bool = False  # waiting out a planned steady decode run
+    run_arrival_s: float | None = None  # when the first request routed here during that run came
     # Tokens of the step just taken (StepTimer.shape_change); None after idle. Kept only where the
     # timer charges shape changes.
     previous_tokens: int | None = None
@@ -145,9 +147,14 @@ class Replica:
         if params is None:  # one (frozen) SamplingParams per output length: a request makes none
             params = self._sampling[request.output_tokens] = SamplingParams(
                 max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True)
-        seq = (KeyedSequence if self.keyed else Sequence)(request.request_id, request.prompt_token_ids(), params,
-                                                          request.arrival_s)
-        if self.block_keys is not None:
+        if self.block_keys is None:
+            seq = (KeyedSequence if self.keyed else Sequence)(request.request_id, request.prompt_token_ids(), params,
+                                                              request.arrival_s)
+        else:
+            # Its blocks' exact keys stand for its tokens (the pool reads no token), so these are
+            # stand-ins of the prompt's length, made at C speed.
+            seq = KeyedSequence(request.request_id, [SAMPLED_TOKEN] * request.prompt_tokens, params, request.arrival_s,
+                                [SAMPLED_TOKEN] * request.prompt_tokens)
             seq.block_hashes = self.block_keys.of(request)
             seq.first_private_block = self.block_keys.first_private(request)
         if arrived_blocks:
@@ -163,9 +170,8 @@ class Replica:
         engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
         if engine.wakeup is not None and not engine.wakeup.triggered:
             engine.wakeup.succeed()
-        elif engine.in_steady_run:
-            engine.in_steady_run = False
-            engine.process.interrupt()
+        elif engine.in_steady_run and engine.run_arrival_s is None:
+            engine.run_arrival_s = self.env.now  # the run reads it when its step across this instant ends
 
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
@@ -297,21 +303,22 @@ class Replica:
         # if it went elsewhere: runs are often cut short, and timing a step is a cost.
         run.plan_until(self.clock.next_arrival_s)
         ends = run.end_times
-        engine.in_steady_run = True
-        try:
-            while True:
-                yield env.timeout(ends[-1] - env.now)
-                if len(ends) == steps:
-                    break
-                run.plan_until(self.clock.next_arrival_s)
-            taken = steps
-        except simpy.Interrupt:
+        engine.in_steady_run, engine.run_arrival_s = True, None
+        # Waited out to the end of the step across the next arrival at the cluster, and on from
+        # there while the arrivals go elsewhere: nothing is booked before an arrival here is seen.
+        while True:
+            yield env.timeout(ends[-1] - env.now)
+            if engine.run_arrival_s is not None or len(ends) == steps:
+                break
+            run.plan_until(self.clock.next_arrival_s)
+        arrived_s, interrupted = engine.run_arrival_s, engine.run_arrival_s is not None
+        engine.in_steady_run, engine.run_arrival_s = False, None
+        taken = steps
+        if interrupted:
             # Steps that began at or before the arrival (the first began at `now`) are scheduled
             # without it; the one after them admits it (it may begin at the arrival's instant).
-            taken = min(1 + bisect.bisect_right(ends, env.now), steps)
+            taken = min(1 + bisect.bisect_right(ends, arrived_s), steps)
             run.plan(taken)
-        interrupted = not engine.in_steady_run
-        engine.in_steady_run = False
         if ends[taken - 1] > env.now:
             # Finish the step the arrival came in before booking it, as the step-by-step loop
             # does: its finishes must not show before that step ends (the router reads them).

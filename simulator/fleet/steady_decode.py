@@ -40,11 +40,15 @@ class _Member:
     """A request of the cohort: its Sequence's tokens and times are written through step `synced`;
     its computed tokens after step s are base + s."""
 
-    __slots__ = ("seq", "synced", "base", "alloc_phase", "register_phase", "gone")
+    __slots__ = ("seq", "synced", "base", "alloc_phase", "register_phase", "counted", "gone")
 
-    def __init__(self, seq: Sequence, synced: int, base: int, alloc_phase: int, register_phase: int) -> None:
+    def __init__(self, seq: Sequence, synced: int, base: int, alloc_phase: int, register_phase: int,
+                 counted: bool) -> None:
         self.seq, self.synced, self.base = seq, synced, base
         self.alloc_phase, self.register_phase = alloc_phase, register_phase
+        # Its blocks from now on are registered by count alone (ExactKeyBlockPool.registers_by_count):
+        # counted when it is written out, not block by block.
+        self.counted = counted
         self.gone = False  # left the cohort (its entry in the heap of ends is dropped when reached)
 
 
@@ -58,7 +62,7 @@ class DecodeCohort:
         self.block_size, self.caching = bm.block_size, bm.enable_prefix_caching
         # A pool given exact keys registers a block from the computed count alone; one that hashes
         # tokens reads them too.
-        self._registers_by_count = isinstance(bm, ExactKeyBlockPool)
+        self._keyed_pool = isinstance(bm, ExactKeyBlockPool)
         self.step = 0
         self.times: list[float] = []  # times[k]: when step k + 1 ended
         self.members: dict[str, _Member] = {}
@@ -86,10 +90,11 @@ class DecodeCohort:
         register = bs - computed % bs
         if computed != num_tokens - 1 or computed < seq.num_prefill_tokens or not 1 <= alloc <= bs:
             raise AssertionError(f"request {seq.request_id!r} joined a decode cohort without decoding next")
-        member = _Member(seq, step, computed - step, (step + alloc) % bs, (step + register) % bs)
+        counted = self.caching and self._keyed_pool and self.scheduler.block_manager.registers_by_count(seq)
+        member = _Member(seq, step, computed - step, (step + alloc) % bs, (step + register) % bs, counted)
         self.members[seq.request_id] = member
         self._allocating[member.alloc_phase].append(member)
-        if self.caching:
+        if self.caching and not counted:
             self._registering[member.register_phase].append(member)
         # The length limits stop it: the earlier of max_tokens and max_model_len.
         end = min(seq.sampling.max_tokens + len(seq.prompt_token_ids), self.scheduler.config.max_model_len)
@@ -102,7 +107,7 @@ class DecodeCohort:
         member.gone = True
         del self.members[member.seq.request_id]
         self._allocating[member.alloc_phase].remove(member)
-        if self.caching:
+        if self.caching and not member.counted:
             self._registering[member.register_phase].remove(member)
         self._tokens -= len(member.seq.token_ids)
         self._synced_sum -= member.synced
@@ -129,6 +134,8 @@ class DecodeCohort:
             seq.token_ids.extend(repeat(self.token, lag))
             seq.num_computed_tokens = member.base + step
             seq.token_times.extend(self.times[member.synced:step])
+            if member.counted:
+                self.scheduler.block_manager.cache_full_blocks(seq)  # the blocks it filled meanwhile
             member.synced = step
             self._tokens += lag
             self._synced_sum += lag
@@ -241,7 +248,7 @@ class DecodeCohort:
         step = self.step = self.step + 1
         if self.caching:
             cache_full_blocks = self.scheduler.block_manager.cache_full_blocks
-            if self._registers_by_count:
+            if self._keyed_pool:
                 for member in self._registering[step % self.block_size]:
                     seq = member.seq
                     seq.num_computed_tokens = member.base + step
