@@ -300,17 +300,19 @@ class Replica:
             cohort.sync_all()
         run = timer.plan_steady_run(scheduler.running, steps, now, cohort.context, first_extra_s)
         # Timed as far as the next arrival (which ends the run if it comes here), then further
-        # if it went elsewhere: runs are often cut short, and timing a step is a cost.
-        run.plan_until(self.clock.next_arrival_s)
+        # if it went elsewhere: runs are often cut short, and timing a step is a cost (padded
+        # runs are timed whole).
         ends = run.end_times
         engine.in_steady_run, engine.run_arrival_s = True, None
         # Waited out to the end of the step across the next arrival at the cluster, and on from
         # there while the arrivals go elsewhere: nothing is booked before an arrival here is seen.
+        across = 0
         while True:
-            yield env.timeout(ends[-1] - env.now)
-            if engine.run_arrival_s is not None or len(ends) == steps:
-                break
             run.plan_until(self.clock.next_arrival_s)
+            across = min(bisect.bisect_right(ends, self.clock.next_arrival_s, across), len(ends) - 1)
+            yield env.timeout(ends[across] - env.now)
+            if engine.run_arrival_s is not None or across == steps - 1:
+                break
         arrived_s, interrupted = engine.run_arrival_s, engine.run_arrival_s is not None
         engine.in_steady_run, engine.run_arrival_s = False, None
         taken = steps
