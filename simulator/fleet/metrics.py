@@ -114,7 +114,7 @@ class Recorder:
         c["preemptions"].append(seq.num_preemptions)
         c["cached_prompt_tokens"].append(seq.num_cached_prompt_tokens)
         self._pending_times.append(times)
-        if len(self._pending_times) >= 1024:  # binned in batches small enough to reuse their memory
+        if len(self._pending_times) >= 512:  # binned in batches small enough to reuse their memory
             self.flush_gaps()
         if self.watch is not None:
             counted = seq.request_id in self._first_tokens_told
@@ -188,8 +188,15 @@ class Recorder:
 
 
 def _itl_bins(gaps: np.ndarray) -> np.ndarray:
-    logs = np.log10(np.maximum(gaps, ITL_MIN_S) / ITL_MIN_S) * ITL_BINS_PER_DECADE
-    return np.minimum(logs.astype(np.int64) + 1, ITL_BINS_PER_DECADE * ITL_DECADES + 1)
+    # log10(max(gap, ITL_MIN_S) / ITL_MIN_S) * ITL_BINS_PER_DECADE, + 1, capped: in place (a
+    # flush bins a few hundred thousand gaps).
+    logs = np.maximum(gaps, ITL_MIN_S)
+    logs /= ITL_MIN_S
+    np.log10(logs, out=logs)
+    logs *= ITL_BINS_PER_DECADE
+    bins = logs.astype(np.int64)
+    bins += 1
+    return np.minimum(bins, ITL_BINS_PER_DECADE * ITL_DECADES + 1, out=bins)
 
 
 def _itl_bin_center(index: int) -> float:
