@@ -262,13 +262,7 @@ class BlockManager:
             block_id = self._next_unused
             self._next_unused += 1
         else:
-            back = self._back
-            run = back[next(iter(back))]
-            if run is not None and len(run) > 1:  # _pop_back(1) from a run of blocks without entries
-                block_id = run.pop()
-                self._num_back -= 1
-            else:
-                block_id = self._pop_back(1)[0]
+            block_id = self._pop_back(1)[0]
         self.generations[block_id] += 1
         self.ref_counts[block_id] = 1
         seq.block_table.append(block_id)

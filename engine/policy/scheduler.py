@@ -163,10 +163,9 @@ class Scheduler:
         return out
 
     def admit_beside_decodes(self, now: float = 0.0) -> SchedulerOutput:
-        """schedule()'s admissions alone, for a step in which every running request decodes its one
-        token and already holds the block for it (the simulator applies such decodes in bulk,
-        simulator/fleet/steady_decode.py, and gives them their blocks before this): the chunks of
-        the waiting requests admitted beside them, from what the decodes leave of the budget."""
+        """schedule()'s admissions alone, where every running request decodes its one token and holds
+        its block for it (the simulator's bulk steps, simulator/fleet/steady_decode.py): the chunks
+        of the waiting requests admitted beside them, in what the decodes leave of the budget."""
         out = SchedulerOutput()
         self._admit(out, self.config.max_num_batched_tokens - len(self.running), now)
         return out
@@ -247,9 +246,8 @@ class Scheduler:
             if not self.config.enable_chunked_prefill:
                 return NextStep.ONLY_DECODES
             num_new = budget
-        if bm.free_blocks_needed(head, num_new, computed_blocks) > free:
-            return NextStep.ONLY_DECODES
-        return NextStep.DECODES_AND_ADMISSIONS
+        refused = bm.free_blocks_needed(head, num_new, computed_blocks) > free
+        return NextStep.ONLY_DECODES if refused else NextStep.DECODES_AND_ADMISSIONS
 
     def _add_lookahead(self, out: SchedulerOutput, budget: int) -> None:
         """Speculative decoding: extend decode chunks with draft slots from what the step leaves

@@ -123,11 +123,6 @@ class StepTimer:
     # -- parts (each with a ledger: the same numbers, booked with their provenance) -------------
     def token_ops(self, tokens: int, ledger: StepCost | None = None) -> tuple[float, float]:
         """(compute, communication) seconds of the token-proportional operators and pipeline sends."""
-        if ledger is None:  # the memo read first: a hit makes no closure (a hot path)
-            remembered = self._tokens.get(tokens)
-            if remembered is not None:
-                return remembered
-
         def compute() -> tuple[float, float]:
             total_s = all_reduce_s = 0.0  # summed as StepCost.add sums them
             rows = self.cost_model.graph_tokens(self._share(tokens))
@@ -159,11 +154,6 @@ class StepTimer:
 
     def prefill_attention(self, num_tokens: int, context_len: int, ledger: StepCost | None = None) -> float:
         """A prefill chunk's attention, all layers: a rank's queries of it over its whole context."""
-        if ledger is None:
-            remembered = self._prefill.get((num_tokens, context_len))
-            if remembered is not None:
-                return remembered
-
         def compute() -> float:
             source = self.cost_model.source("attention_prefill", (self._share(num_tokens), *self._attention))
             return 0.0 + _timed(source, context_len, self._layers, "attention_prefill", ledger) \
@@ -221,11 +211,6 @@ class StepTimer:
         return value
 
     def head(self, sampled: int, ledger: StepCost | None = None) -> float:
-        if ledger is None:
-            remembered = self._head.get(sampled)
-            if remembered is not None:
-                return remembered
-
         def compute() -> float:
             total = 0.0
             for source, op in self._head_ops:
@@ -239,11 +224,8 @@ class StepTimer:
         f = self.cost_model.framework
         framework = framework_overhead(f, step.chunks, step.prefill_chunks, step.groups, step.tokens, self._layers,
                                        step.verifying, self._moe_host(step.tokens)) if f else 0.0
-        scheduler_s = self._overhead.get(step.chunks)
-        if scheduler_s is None:
-            scheduler_s = self._memo(self._overhead, step.chunks,
-                                     lambda: self.cost_model.predict("step_overhead", step.chunks).time_s)
-        return framework + scheduler_s
+        return framework + self._memo(self._overhead, step.chunks,
+                                      lambda: self.cost_model.predict("step_overhead", step.chunks).time_s)
 
     def wakeup(self, idle_s: float) -> float:
         """Extra time of the first step after idle_s seconds without work (profiled devices)."""

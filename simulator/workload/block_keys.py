@@ -4,7 +4,7 @@ simulator/fleet/block_pool.py) can take them instead of hashing every block's to
 A simulated request's tokens are its prompt as simulator/workload/requests.py lays it out -- its shared
 segments, each opened by the segment's token, then (when the prompt is longer than its segments) a
 tail opened by a token unique to the request, every other position 0 -- followed by its generated
-tokens, which are 0 too (replica.py's SAMPLED_TOKEN). So the tokens from the start through block i
+tokens, which are 0 too (replica_runs.py's SAMPLED_TOKEN). So the tokens from the start through block i
 are fixed by:
 - whether they reach the unique tail: then by the request and i alone;
 - otherwise by the segments that open within them (a chain of segment ids) and i.

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from simulator.workload.block_keys import BlockKeys
-from simulator.fleet.replica import SAMPLED_TOKEN
+from simulator.fleet.replica_runs import SAMPLED_TOKEN
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
