@@ -15,7 +15,7 @@ outgrow the free pool's shrinking. A step that admits the waiting head beside th
 In such steps the running requests move in lockstep, a token each per step, so a DecodeCohort
 holds them without touching each one every step: their token counts, computed tokens and token
 times are written to the Sequence objects when something reads them (sync: a finish, a block
-registration, a time-series sample, and every request once the cohort is left to the scheduler).
+registration that hashes tokens, and every request before a step the scheduler takes itself).
 A step costs what changes in it. A request takes a new block every block_size steps and fills
 one every block_size steps, each at a phase of its own, so the members are kept in buckets by
 phase, in admission order; a step hands out and registers blocks for its phase's buckets, in the
