@@ -198,10 +198,8 @@ class StepTimer:
             if source is None:
                 source = self._decode_sources[batch] = self.cost_model.source("attention_decode",
                                                                               (batch, *self._attention))
-            keys = total_context if self.context_parallel is None else self.context_parallel.share(total_context)
-            # _timed, inline where no ledger is kept; 0.0 + as StepCost.add sums it
-            value = 0.0 + (source.time(keys) * self._layers if ledger is None
-                           else _timed(source, keys, self._layers, "attention_decode", ledger))
+            keys = self._share(total_context)
+            value = 0.0 + _timed(source, keys, self._layers, "attention_decode", ledger)  # as StepCost.add sums it
             if self._kv_dequant is not None:
                 value += self._kv_read(keys, ledger)
             if remember:

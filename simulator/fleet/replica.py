@@ -74,6 +74,12 @@ class _VirtualEngine:
     first_pending: list = field(default_factory=list)
     # Its running requests while they decode in lockstep (steady_decode.DecodeCohort), else None.
     cohort: steady_decode.DecodeCohort | None = None
+    # Its pool where that has a host tier (it loads blocks only while the scheduler schedules).
+    tier: TieredBlockPool | None = None
+
+    def __post_init__(self) -> None:
+        pool = getattr(self.scheduler, "block_manager", None)
+        self.tier = pool if isinstance(pool, TieredBlockPool) else None
 
 
 class Replica(SteadyRuns):
@@ -201,11 +207,8 @@ class Replica(SteadyRuns):
         """One scheduler step from `now` (cold_s: extra time, after an idle spell): schedule(), its
         time, update(). A generator, as _run's loop is: returns (when it ends, its output), or
         (now, None) when nothing could be scheduled."""
-        env, scheduler, timer = self.env, engine.scheduler, self.timer
-        # A pool with a host tier loads blocks only while the scheduler schedules; the step pays.
-        pool = getattr(scheduler, "block_manager", None)
-        tier = pool if isinstance(pool, TieredBlockPool) else None
-        if tier is None:
+        env, scheduler, timer, tier = self.env, engine.scheduler, self.timer, engine.tier
+        if tier is None:  # a host tier loads blocks only while the scheduler schedules; the step pays
             out = scheduler.schedule(now)
         else:
             tier.loading = True

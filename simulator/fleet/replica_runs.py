@@ -15,9 +15,7 @@ from __future__ import annotations
 import bisect
 
 from engine.policy.scheduler import NextStep
-from engine.policy.sequence import RequestStatus
 from simulator.fleet import steady_decode
-from simulator.fleet.tiered_pool import TieredBlockPool
 
 SAMPLED_TOKEN = 0  # the simulator's stand-in for every generated token
 STEADY_RUN_LIMIT = 4096  # most steps applied in one bulk decode run
@@ -133,7 +131,7 @@ class SteadyRuns:
         """Whether a step that admits requests beside a steady run's decodes may be applied in bulk
         (_run_then_admit): not where the pool loads blocks from a host tier as it admits, nor
         where decodes are timed in padded groups (each decode's context counts there)."""
-        return not isinstance(engine.scheduler.block_manager, TieredBlockPool) and not self.timer._pads
+        return engine.tier is None and not self.timer._pads
 
     def _run_then_admit(self, engine, start_s: float, times: list[float]):
         """A steady run's steps (ending at `times`, the first begun at start_s; none: the step
@@ -165,11 +163,7 @@ class SteadyRuns:
             self.output_tokens += len(times) * batch
         self.busy_s += step_s
         finished += scheduler.update(admitted, self._sampled, end)
-        sequences = engine.sequences
-        for chunk in admitted.chunks:
-            seq = sequences[chunk.request_id]
-            if chunk.samples and seq.status is RequestStatus.RUNNING:
-                cohort.join(seq)
+        cohort.join_admitted(admitted.chunks)
         self._book(engine, admitted, end, sampled, finished, step_s, tokens)
         return end
 

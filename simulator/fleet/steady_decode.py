@@ -230,13 +230,18 @@ class DecodeCohort:
         for member in decoding:
             if member.seq.status is not RequestStatus.RUNNING:
                 self._leave(member)  # finished
-        requests = self.scheduler.requests
-        for chunk in out.chunks:
+        self.join_admitted(out.chunks)
+        return True
+
+    def join_admitted(self, chunks) -> None:
+        """The requests a step admitted (its chunks of non-members) that decode next: those whose
+        chunk sampled (their prompt is computed) and that did not finish on that token."""
+        members, requests = self.members, self.scheduler.requests
+        for chunk in chunks:
             if chunk.samples and chunk.request_id not in members:
                 seq = requests.get(chunk.request_id)
                 if seq is not None and seq.status is RequestStatus.RUNNING:
-                    self.join(seq)  # admitted, its prompt computed
-        return True
+                    self.join(seq)
 
     def _allocate(self) -> None:
         allocate = self.scheduler.block_manager.allocate_block
