@@ -80,11 +80,11 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
     from calibrate.runs.http import base_url, first_model, served_max_model_len, server_models
     from calibrate.runs.prompts import load_tokenizer, text_prompts, token_prompts
     from simulator.fleet.sim_config import check_slos, parse_slos
-    from simulator.workload.load import load_workload
+    from simulator.workload.load import load_workload, with_max_concurrency
 
     slos = check_slos(parse_slos(slo))  # simulate's SLO rules, without a fleet to configure
     stated = parse_deployment(deployment)  # a bad --deployment fails before the server is asked anything
-    for name, value, least in (("--max-concurrency", max_concurrency, 1), ("--vocab-size", vocab_size, 1),
+    for name, value, least in (("--vocab-size", vocab_size, 1),
                                ("--warmup", warmup, 0), ("--prompt-seed", prompt_seed, 0)):
         if value is not None and value < least:
             raise ValueError(f"{name} must be at least {least}, got {value}")
@@ -92,6 +92,7 @@ def prepare(url: str, trace: str, model: Optional[str], tokenizer: Optional[Path
     workload = load_workload(trace, seed=seed, rate_scale=rate_scale)
     if not len(workload):
         raise ValueError(f"--trace {trace} holds no requests")
+    workload = with_max_concurrency(workload, max_concurrency)
     for line in workload.skipped[:5]:
         console.print(f"skipped bad row {line}")
     server = server_models(url)
@@ -150,8 +151,10 @@ def replay_command(
                                              "encodes to the trace's lengths (default: token ids)"),
     vocab_size: Optional[int] = typer.Option(None, help="draw prompt token ids from [0, N) (default: the "
                                              "tokenizer's size, else 256, valid for any model)"),
-    max_concurrency: Optional[int] = typer.Option(None, help="requests in flight at most; later ones wait, and "
-                                                  "the wait counts in their latency (default: no limit)"),
+    max_concurrency: Optional[int] = typer.Option(None, help="closed-loop clients: requests in flight at most, the "
+                                                  "next sent in order as one finishes, its latency counted from "
+                                                  "the send, as vllm bench serve --max-concurrency (the trace's "
+                                                  "concurrency=C says the same; default: open loop)"),
     slo: str = typer.Option("", help="e.g. ttft_p99=2s,tpot_p99=100ms"),
     rate_scale: float = typer.Option(1.0, help="multiply the trace's arrival rate"),
     seed: int = typer.Option(0, help="the workload's seed (its lengths and arrivals)"),
@@ -186,21 +189,25 @@ def replay_command(
         fail(str(exc))
     for warning in ready.warnings:
         console.print(f"warning: {warning}", highlight=False)
+    clients = ready.workload.clients
+    if clients is not None and max_concurrency is not None and "concurrency=" not in trace:
+        trace = f"{trace},concurrency={max_concurrency}"  # read again (simulate --replay, calibrate) as sent
     info = ReplayInfo(url=ready.url, model=ready.model, trace=portable_spec(trace), seed=seed, rate_scale=rate_scale,
-                      max_concurrency=max_concurrency, tokenizer=str(tokenizer) if tokenizer else None,
+                      max_concurrency=clients.concurrency if clients else None, tokenizer=str(tokenizer) if tokenizer else None,
                       vocab_size=ready.vocab_size, started_at=datetime.now(timezone.utc).isoformat(),
                       server=ready.server, deployment=ready.deployment, prompt_seed=prompt_seed)
     with progress_bar("{task.description}", transient=as_json, remaining=True) as progress:
         if len(ready.warmup):
             task = progress.add_task("warming up", total=len(ready.warmup))
-            warm = replay(ready.url, ready.model, ready.warmup, ready.warmup_prompts, max_concurrency, request_timeout,
+            warm = replay(ready.url, ready.model, ready.warmup.closed_loop(ready.workload.clients), ready.warmup_prompts,
+                          request_timeout,
                           on_done=lambda done: progress.update(task, completed=done))
             failed = [r.error for r in warm if r.error]
             if failed:
                 fail(f"{len(failed)} of {len(warm)} warm-up requests failed ({failed[0]}): nothing was replayed")
             progress.remove_task(task)
         task = progress.add_task("replaying", total=len(ready.workload))
-        records = replay(ready.url, ready.model, ready.workload, ready.prompts, max_concurrency, request_timeout,
+        records = replay(ready.url, ready.model, ready.workload, ready.prompts, request_timeout,
                          on_done=lambda done: progress.update(task, completed=done))
     requests = records_frame(records)
     summary = summarize(requests, ready.slos, info)

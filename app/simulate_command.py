@@ -18,15 +18,16 @@ from app.knob_options import Knobs, Options, takes
 from simulator.fleet.knobs import GROUPS, Served, knob_extra
 
 
-def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1):
+def run_simulation(config, trace: str, rate_scale: float, as_json: bool, workers: int = 1,
+                   max_concurrency: int | None = None):
     from calibrate.fitting.device import cost_models_for
     from simulator.fleet.run import simulate
-    from simulator.workload.load import load_workload
+    from simulator.workload.load import load_workload, with_max_concurrency
 
     # Everything that can fail on bad input fails here, before the progress bar.
     config.check()
     cost_model, draft_cost_model = cost_models_for(config)
-    workload = load_workload(trace, seed=config.seed, rate_scale=rate_scale)
+    workload = with_max_concurrency(load_workload(trace, seed=config.seed, rate_scale=rate_scale), max_concurrency)
     for line in workload.skipped[:5]:
         console.print(f"skipped bad row {line}")
     if len(workload.skipped) > 5:
@@ -102,7 +103,7 @@ OPTIONS = tuple(Options(group, defaults={"model": None, "hardware": None} if gro
 # a replay records; those declared replayed=False stay the command line's.
 KEPT_ON_REPLAY = tuple(name for options in OPTIONS for name in options.fields
                        if knob_extra(options.group.model_fields[name]).get("replayed", True) is False)
-FROM_REPLAY = ("trace", "rate_scale", *(options.flag(name).replace("-", "_") for options in OPTIONS
+FROM_REPLAY = ("trace", "rate_scale", "max_concurrency", *(options.flag(name).replace("-", "_") for options in OPTIONS
                                          for name in options.fields if name not in KEPT_ON_REPLAY))
 
 
@@ -136,6 +137,9 @@ def simulate_command(
                                           "two summaries"),
     knobs: Knobs = None,
     rate_scale: float = typer.Option(1.0, help="multiply the trace's arrival rate"),
+    max_concurrency: Optional[int] = typer.Option(None, help="closed-loop clients: at most this many requests in "
+                                                  "flight, the next sent as one finishes (the trace's concurrency=C; "
+                                                  "servecast replay --max-concurrency sends the same way)"),
     workers: int = typer.Option(max(1, os.cpu_count() or 1), help="processes for the replicas under round-robin "
                                 "routing (the same results; other routers use one)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout, nothing else"),
@@ -156,7 +160,7 @@ def simulate_command(
         config.engine_profile()  # an unknown engine is bad input
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
-        result = run_simulation(config, trace, rate_scale, as_json, workers)
+        result = run_simulation(config, trace, rate_scale, as_json, workers, max_concurrency)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:

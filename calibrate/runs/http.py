@@ -7,11 +7,14 @@ min_tokens both the trace's output length, ignore_eos and temperature 0 (min_tok
 are vLLM's extras: with them the output length is the trace's whatever the model says; a server that
 ignores them may stop early, and the records show it). One connection per request in flight.
 
-Latency runs from each request's *scheduled* arrival (its time in the trace after the replay's
-start), not from when it was sent, as the simulator's TTFT and E2E run from arrival: a request
-held back by max_concurrency (requests beyond it wait, in arrival order), or sent late because the
-client fell behind, has that wait in its latency, and send_s says how long it was. vLLM's `bench
-serve` measures from the send instead, which leaves a client-side queue out of the figures.
+Open loop, latency runs from each request's *scheduled* arrival (its time in the trace after the
+replay's start), as the simulator's TTFT and E2E run from arrival: a request sent late because
+the client fell behind has that wait in its latency, and send_s says how long it was. Under
+closed-loop clients (the workload's Clients: `--max-concurrency C` or `concurrency=C[,think=S]` in
+the trace) at most C requests are in flight, each sent in order when a client is free (think
+seconds after its last request ended) and not before its arrival; its latency runs from that
+send, as `vllm bench serve --max-concurrency` measures and the simulator's clients record
+(simulator/fleet/clients.py), and its arrival_s is the send.
 
 Token times are the arrivals of streamed chunks that carry text (one token each on vLLM and on
 servecast's server). Output and prompt token counts are the final usage chunk's; a server that
@@ -112,42 +115,57 @@ def completion_payload(model: str, prompt: list[int] | str, output_tokens: int) 
 
 
 def replay(url: str, model: str, workload: Workload, prompts: Sequence[list[int] | str],
-           max_concurrency: int | None = None, timeout_s: float | None = None,
-           on_done: Callable[[int], None] | None = None) -> list[RequestRecord]:
+           timeout_s: float | None = None, on_done: Callable[[int], None] | None = None) -> list[RequestRecord]:
     """Send every request of the workload (with prompts[i] for its i-th request) at its arrival
-    time after the first's, and record each; on_done(number finished or failed so far) after each.
-    timeout_s: the longest wait for any byte of a response (None: no limit)."""
+    time after the first's, or as its closed-loop clients free up (the module's docstring), and
+    record each; on_done(number finished or failed so far) after each. timeout_s: the longest wait
+    for any byte of a response (None: no limit)."""
     if not len(workload):
         raise ValueError(f"{workload.name} holds no requests to replay")
-    return asyncio.run(_replay(url, model, workload, prompts, max_concurrency, timeout_s, on_done))
+    return asyncio.run(_replay(url, model, workload, prompts, timeout_s, on_done))
 
 
-async def _replay(url, model, workload, prompts, max_concurrency, timeout_s, on_done) -> list[RequestRecord]:
+async def _replay(url, model, workload, prompts, timeout_s, on_done) -> list[RequestRecord]:
     t0 = workload.requests[0].arrival_s
     records = [RequestRecord(r.request_id, r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in workload]
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    clients = workload.clients
+    slots = asyncio.Semaphore(clients.concurrency) if clients else contextlib.nullcontext()
+    think_s = clients.think_s if clients else 0.0
     done = 0
-    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+    most = clients.concurrency if clients else None
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
     timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         start = time.perf_counter()
 
         async def one(record: RequestRecord, prompt) -> None:
             nonlocal done
-            async with slots:
-                record.send_s = time.perf_counter() - start
-                payload = completion_payload(model, prompt, record.requested_output_tokens)
-                await _send(client, f"{url}/completions", payload, record, start)
+            record.send_s = time.perf_counter() - start
+            if clients:
+                record.arrival_s = record.send_s  # a closed loop's latency runs from the send
+            payload = completion_payload(model, prompt, record.requested_output_tokens)
+            await _send(client, f"{url}/completions", payload, record, start)
             done += 1
             if on_done is not None:
                 on_done(done)
+            if think_s:
+                await asyncio.sleep(think_s)  # the client holds its slot while it thinks
+
+        async def held(record: RequestRecord, prompt) -> None:
+            try:
+                await one(record, prompt)
+            finally:
+                if clients:
+                    slots.release()
 
         tasks = []
         for record, prompt in zip(records, prompts, strict=True):
+            if clients:
+                await slots.acquire()  # in order: the next request waits for a free client
             wait = start + record.arrival_s - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(one(record, prompt)))
+            tasks.append(asyncio.create_task(held(record, prompt)))
         await asyncio.gather(*tasks)
     return records
 

@@ -25,7 +25,7 @@ from calibrate.runs.tables import (SATURATED_TTFT_MS, RunsError, milliseconds, m
 from calibrate.runs.replay_summary import SUMMARY_FILE, ReplayRun, read_replay
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
-from simulator.workload.requests import Workload
+from simulator.workload.requests import Clients, Workload
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,6 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
     """A replay as a run to fit or validate on (replay_config says what hardware and profile are);
     RunsError naming the folder and the fix for a replay that cannot be simulated as measured."""
     info, summary, where = replayed.info, replayed.summary, str(replayed.folder)
-    if info.max_concurrency is not None:
-        raise RunsError(f"{where} was replayed with --max-concurrency {info.max_concurrency}, a client-side queue "
-                        "the simulator does not model: replay without it to calibrate on")
     if summary.num_rejected:
         reason = next(iter(summary.rejections or {"?": 0}))
         raise RunsError(f"{where}: {summary.num_rejected} of {summary.num_requests} requests failed ({reason}): "
@@ -119,6 +116,8 @@ def trace_run(replayed: ReplayRun, hardware: str | None = None, profile: str | N
         workload = load_workload(info.trace, seed=info.seed, rate_scale=info.rate_scale)
     except ValueError as exc:
         raise RunsError(f"{where}: its trace cannot be read again ({exc})") from None
+    if info.max_concurrency is not None and workload.clients is None:  # --max-concurrency: closed-loop clients
+        workload = workload.closed_loop(Clients(info.max_concurrency))
     if len(workload) != summary.num_requests:
         raise RunsError(f"{where}: its trace {info.trace} now holds {len(workload)} requests, the replay sent "
                         f"{summary.num_requests}: the trace changed since; point the summary's trace at the one replayed")

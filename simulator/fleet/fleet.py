@@ -21,6 +21,7 @@ from simulator.cost.shape import ReplicaShape, weight_dtype_of
 from simulator.cost.step_parts import StepTally
 from simulator.cost.step_timer import StepTimer
 from simulator.fleet.block_pool import ExactKeyBlockPool
+from simulator.fleet.clients import ClientGate
 from simulator.fleet.tiered_pool import HOST_LINK_EFFICIENCY, TieredBlockPool
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.replica import ArrivalClock, Replica
@@ -30,6 +31,7 @@ from simulator.fleet.slo_watch import SloWatch
 from simulator.fleet.speculation import Speculation, acceptance_profile, request_rates
 from simulator.fleet.static_batching import StaticBatchScheduler
 from simulator.workload.block_keys import BlockKeys
+from simulator.workload.requests import Clients
 
 
 @dataclass
@@ -127,19 +129,24 @@ def ingress_s(cost_model: CostModel) -> float:
 
 
 def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[int], timer: StepTimer | None = None,
-                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None) -> FleetRecord:
+                      on_done: Callable[[int], None] | None = None, watch: SloWatch | None = None,
+                      clients: Clients | None = None) -> FleetRecord:
     """Simulate these replicas of the fleet (their global indices) behind the config's router, on
-    the requests routed among them, in arrival order. on_done(number done) as requests finish."""
+    the requests routed among them, in arrival order (clients: sent by these closed-loop clients,
+    simulator/fleet/clients.py). on_done(number done) as requests finish."""
     config = fleet.config
     env = simpy.Environment()
     ingress = ingress_s(fleet.cost_model)
-    clock = ArrivalClock(requests[0].arrival_s + ingress)
+    gate = ClientGate(env, clients, requests, ingress) if clients is not None else None
+    clock = gate or ArrivalClock(requests[0].arrival_s + ingress)
     recorder = Recorder()
     recorder.watch = watch
     replicas, timer = make_replicas(fleet, env, recorder, clock, replica_indices, timer)
     router = Router(config.router, replicas)
     if on_done is not None:
         recorder.on_progress(on_done, every=max(1, len(requests) // 200))
+    if gate is not None:
+        recorder.on_request_done = gate.done
 
     def arrivals():
         for i, request in enumerate(requests):
@@ -148,13 +155,13 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
             clock.next_arrival_s = requests[i + 1].arrival_s + ingress if i + 1 < len(requests) else math.inf
             router.route(request).submit(request)
 
-    env.process(arrivals())
+    env.process(arrivals() if gate is None else gate.sends(lambda request: router.route(request).submit(request)))
     if watch is None:
         env.run()
     else:
         while watch.decided is None and env.peek() != math.inf:
             env.step()
-    recorder.watch = None
+    recorder.watch = recorder.on_request_done = None
     recorder.on_progress(None)
     if watch is None or watch.decided is None:
         reject_stuck(replicas, recorder)

@@ -52,6 +52,8 @@ class Recorder:
     # Told of every first token, finish and rejection when a run may stop once its SLOs are missed
     # (slo_watch.py); the requests whose first token it was told of, until they finish.
     watch: object | None = None
+    # Told when each request finishes (its finish time) or is rejected (None): closed-loop clients.
+    on_request_done: object | None = None
     _first_tokens_told: set = field(default_factory=set)
 
     def flush_gaps(self) -> None:
@@ -121,6 +123,8 @@ class Recorder:
             self._first_tokens_told.discard(seq.request_id)
             self.watch.finished(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_output_tokens,
                                 ttft_counted=counted)
+        if self.on_request_done is not None:
+            self.on_request_done(seq.finish_time)
         self._done()
 
     def first_token(self, seq: Sequence) -> None:
@@ -132,6 +136,8 @@ class Recorder:
         self.rejected.append((request_id, arrival_s, prompt, output, reason))
         if self.watch is not None:
             self.watch.rejected(reason)
+        if self.on_request_done is not None:
+            self.on_request_done(None)
         self._done()
 
     def sample(self, time_s: float, replica: int, waiting: int, running: int, tokens_in_flight: int,

@@ -21,6 +21,16 @@ from simulator.workload.requests import Workload
 
 # Time-series samples per replica over the workload's span, when no interval is set.
 DEFAULT_SAMPLES = 400
+# The interval under closed-loop clients, whose span is known only once simulated.
+CLOSED_LOOP_SAMPLE_S = 0.5
+
+
+def sample_interval_s(config: SimConfig, workload: Workload) -> float:
+    if config.timeseries_interval_s:
+        return config.timeseries_interval_s
+    if workload.clients is not None:
+        return CLOSED_LOOP_SAMPLE_S
+    return max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES
 
 
 @dataclass
@@ -49,13 +59,16 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     if not len(workload):
         raise ValueError("the workload has no requests")
     if config.disaggregate is not None:
+        if workload.clients is not None:
+            raise ValueError("closed-loop clients (concurrency=) are not simulated with disaggregation yet: "
+                             "drop concurrency= from the trace, or disaggregate=")
         if timer is not None:
             raise ValueError("a fixed step timer times one pool: not a disaggregated fleet's two")
         return simulate_pools(config, workload, cost_model, progress, bulk_decodes, exact_block_keys)
     model, accelerator, plan = config.check()
     cost_model = cost_model_for(config, cost_model)  # one handed in with its engine keeps it
     fleet = FleetSetup(config, model, plan, cost_model, draft_cost_model, bulk_decodes, exact_block_keys,
-                       config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES)
+                       sample_interval_s(config, workload))
 
     stopped_early, watch = None, None
     # The collector stays paused until the replicas have let go of their block pools: re-enabled
@@ -67,14 +80,15 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
             factors = slo_factors(cost_model, config.slo)
             watch = SloWatch({k: v / factors.get(k, 1.0) for k, v in config.slo.items()}, len(workload),
                              sum(r.output_tokens >= 2 for r in workload))
-        if replica_groups.applies(config) and timer is None:
+        # Closed-loop clients tie every replica to the others (a finish anywhere sends the next request).
+        if replica_groups.applies(config) and timer is None and workload.clients is None:
             if watch is not None:  # one watch hears of every request: one process
                 records = replica_groups.simulate_each(fleet, workload, list(range(config.replicas)), on_done, watch)
             else:
                 records = replica_groups.simulate_groups(fleet, workload, workers, progress)
         else:
             records = [simulate_replicas(fleet, workload.requests, list(range(config.replicas)), timer, on_done,
-                                         watch)]
+                                         watch, workload.clients)]
         stopped_early = watch.decided if watch is not None else None
         if progress is not None:
             progress(len(workload), len(workload))
@@ -93,7 +107,7 @@ def simulate_pools(config: SimConfig, workload: Workload, cost_model: CostModel 
     decode pool's (the prefill pool shares it on the same accelerator). The summary's figures are
     the fleet's; its accelerator, memory and utilization the decode pool's; "disaggregation" has
     each pool's."""
-    sample_every_s = config.timeseries_interval_s or max(workload.duration_s, 1e-3) / DEFAULT_SAMPLES
+    sample_every_s = sample_interval_s(config, workload)
     prefill_config, decode_config = config.pool_configs()
 
     def setup(pool: SimConfig, costs: CostModel | None) -> FleetSetup:

@@ -6,6 +6,7 @@ specs (simulator/workload/synthetic.py), then applies the options common to both
     synthetic:num=3000,input=128,output=2048,rate=inf
     synthetic:num=2000,lengths=../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=4,arrival=gamma,cv=3
     synthetic:prefixes=8,prefix_len=1024,users=50,input=1500,output=200,rate=10
+    synthetic:num=500,input=1024,output=1024,concurrency=32
     synthetic:prefixes=9,users=5,prefix_len=100,input=473,output=248,arrival=constant,stages=8x600+20x600
     ../shared/traces/splitwise_conv.csv,window=0-600,limit=2000
     ../shared/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv,rate=5,num=1000
@@ -25,6 +26,10 @@ Keys (comma separated; arguments of a length distribution in parentheses):
              users, each request has a random system prompt and an input of its own
 * stages     RATExSECONDS+RATExSECONDS...: back-to-back stages at their own rates (instead of rate
              and num), e.g. stages=8x600+20x600 with arrival=constant
+* concurrency, think   closed-loop clients: at most C requests in flight, each sent when a client
+             is free (think seconds after its last request finished; default 0) and not before its
+             arrival time, in order, as `vllm bench serve --max-concurrency` sends them. Without a
+             rate (synthetic, length files) every request may go at once: C clients back to back
 * seed       random seed (default: the simulation's)
 * window     START-END seconds of a timed trace;  limit: keep the first N requests
 * rate_scale compress arrivals in time (2 = twice the rate);  skip_bad=1  skip (and list) bad rows
@@ -32,18 +37,19 @@ Keys (comma separated; arguments of a length distribution in parentheses):
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
-from simulator.workload.requests import Workload, WorkloadError, make_workload
+from simulator.workload.requests import Clients, Workload, WorkloadError, make_workload
 from simulator.workload.synthetic import (SYNTHETIC, SpecOptions, parse_options, spec_arrivals, split_spec,
                                           synthetic_workload)
 from simulator.workload.trace_files import read_trace
 
-KNOWN_SYNTHETIC = ("num, input, output, lengths, rate, arrival, cv, stages, prefixes, prefix_len, users, seed, window, "
-                   "limit, rate_scale")
-KNOWN_FILE = "rate, arrival, cv, num, seed, window, limit, rate_scale, skip_bad"
+KNOWN_SYNTHETIC = ("num, input, output, lengths, rate, arrival, cv, stages, prefixes, prefix_len, users, concurrency, "
+                   "think, seed, window, limit, rate_scale")
+KNOWN_FILE = "rate, arrival, cv, num, concurrency, think, seed, window, limit, rate_scale, skip_bad"
 
 
 def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> Workload:
@@ -53,12 +59,14 @@ def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> W
         raise WorkloadError("empty trace spec: give a trace file or synthetic:num=...,input=...,output=...,rate=...")
     if text.startswith(SYNTHETIC):
         opts = SpecOptions(parse_options(split_spec(text[len(SYNTHETIC):]), "synthetic"), "synthetic")
+        clients = spec_clients(opts)
         workload = synthetic_workload(opts, seed)
         workload.name = text
         known = KNOWN_SYNTHETIC
     else:
         path, *items = split_spec(text)
         opts = SpecOptions(parse_options(items, Path(path).name), Path(path).name)
+        clients = spec_clients(opts)
         skip_bad = opts.get("skip_bad", "0") not in ("0", "false", "no")
         workload, lengths = read_trace(path, skip_bad)
         known = KNOWN_FILE
@@ -67,7 +75,7 @@ def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> W
             rng = np.random.default_rng(int(opts.number("seed", seed)))
             num = opts.number("num", len(pairs), integer=True)
             picks = rng.integers(0, len(pairs), size=num) if num != len(pairs) else np.arange(num)
-            arrivals = spec_arrivals(opts, num, rng, None)
+            arrivals = spec_arrivals(opts, num, rng, None if clients is None else math.inf)
             workload = make_workload(Path(path).stem, [(float(a), *pairs[i], ()) for a, i in zip(arrivals, picks)])
             workload.skipped = lengths.skipped
         else:
@@ -89,7 +97,34 @@ def load_workload(spec: str | Path, seed: int = 0, rate_scale: float = 1.0) -> W
         workload = workload.limited(limit)
     workload = workload.scaled(opts.number("rate_scale", 1.0) * rate_scale)
     opts.check_all_used(known)
-    return workload
+    return workload.closed_loop(clients) if clients is not None else workload
+
+
+def with_max_concurrency(workload: Workload, max_concurrency: int | None) -> Workload:
+    """The workload sent by max_concurrency closed-loop clients (a command's --max-concurrency,
+    the same as concurrency= in its spec; think= kept); unchanged for None."""
+    if max_concurrency is None:
+        return workload
+    clients = workload.clients
+    if max_concurrency < 1:
+        raise WorkloadError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+    if clients is not None and clients.concurrency != max_concurrency:
+        raise WorkloadError(f"--max-concurrency {max_concurrency} and the trace's concurrency={clients.concurrency} "
+                            "disagree: give one of them")
+    return workload.closed_loop(Clients(max_concurrency, clients.think_s if clients else 0.0))
+
+
+def spec_clients(opts: SpecOptions) -> Clients | None:
+    """The spec's closed-loop clients (concurrency=C[,think=SECONDS]); None without concurrency=."""
+    concurrency = opts.number("concurrency", integer=True)
+    think = opts.number("think", 0.0)
+    if concurrency is None:
+        if opts.get("think") is not None:
+            raise WorkloadError(f"{opts.where}: think= is the closed-loop clients' pause: add concurrency=C")
+        return None
+    if not 0 <= think < math.inf:
+        raise WorkloadError(f"{opts.where}: think={think:g}: give the seconds a client waits, >= 0")
+    return Clients(concurrency, think)
 
 
 def portable_spec(spec: str) -> str:

@@ -65,12 +65,33 @@ class Request:
         return min(self.prompt_tokens, len(self.segments) * self.segment_tokens)
 
 
+@dataclass(frozen=True)
+class Clients:
+    """Closed-loop clients: at most `concurrency` requests in flight; a request is sent when a client
+    is free (its last request finished `think_s` ago) and not before its own arrival time, in order
+    (`vllm bench serve --max-concurrency`; C clients that each wait think_s between requests).
+    A request's arrival_s is then the earliest it may be sent; the simulator records when it was."""
+
+    concurrency: int
+    think_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or not 0 <= self.think_s < math.inf:
+            raise WorkloadError(f"closed-loop clients need concurrency >= 1 and a think time >= 0 s, got "
+                                f"concurrency={self.concurrency}, think={self.think_s}")
+
+    def scaled(self, factor: float) -> "Clients":
+        """factor times as many clients (at least one)."""
+        return Clients(max(1, round(self.concurrency * factor)), self.think_s)
+
+
 @dataclass
 class Workload:
     name: str
     requests: list[Request] = field(default_factory=list)
     # Bad rows of the source file that were skipped on request ("file:line: reason").
     skipped: list[str] = field(default_factory=list)
+    clients: Clients | None = None  # closed-loop clients; None: every request is sent at its arrival_s
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -139,7 +160,8 @@ class Workload:
         t0 = self.requests[0].arrival_s if self.requests else 0.0
         if t0 == 0:
             return self
-        return Workload(self.name, [replace(r, arrival_s=r.arrival_s - t0) for r in self.requests], self.skipped)
+        return Workload(self.name, [replace(r, arrival_s=r.arrival_s - t0) for r in self.requests], self.skipped,
+                        self.clients)
 
     def limited(self, num: int) -> "Workload":
         if num <= 0:
@@ -147,7 +169,11 @@ class Workload:
         return self._with(self.requests[:num], f"{self.name}[:{num}]") if num < len(self) else self
 
     def _with(self, requests: list[Request], name: str) -> "Workload":
-        return Workload(name, [replace(r, request_id=i) for i, r in enumerate(requests)], self.skipped)
+        return Workload(name, [replace(r, request_id=i) for i, r in enumerate(requests)], self.skipped, self.clients)
+
+    def closed_loop(self, clients: Clients | None) -> "Workload":
+        """The same requests sent by these closed-loop clients (None: open loop, at their arrival times)."""
+        return Workload(self.name, self.requests, self.skipped, clients)
 
 
 def make_workload(name: str, rows: list[tuple[float, int, int, tuple[int, ...]]], segment_tokens: int = 0) -> Workload:

@@ -34,7 +34,7 @@ def test_replay_json_and_out_folder(server, tmp_path) -> None:
     run = read_replay(tmp_path)
     assert run.summary.to_dict() == summary and len(run.requests) == 6 and run.info.max_concurrency == 3
     assert run.summary.replay.server["data"][0]["id"] == MODEL and run.summary.slo.all_met is True
-    assert run.info.trace == TRACE and run.info.tokenizer is None and run.info.vocab_size == 256
+    assert run.info.trace == TRACE + ",concurrency=3" and run.info.tokenizer is None and run.info.vocab_size == 256
 
 
 def test_replay_prints_a_table(server) -> None:
@@ -60,6 +60,7 @@ def closed_port_url() -> str:
     (["--trace", "synthetic:num=x"], "not a number"),
     (["--slo", "ttft=2s"], "unknown SLO"),
     (["--max-concurrency", "0"], "--max-concurrency"),
+    (["--max-concurrency", "3", "--trace", "synthetic:num=4,concurrency=2"], "disagree"),
     (["--vocab-size", "0"], "--vocab-size"),
     (["--tokenizer", "no/such/folder"], "--tokenizer"),
     (["--request-timeout", "0"], "--request-timeout"),

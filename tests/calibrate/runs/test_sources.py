@@ -74,7 +74,6 @@ def test_a_replay_folder_reads_as_a_run_of_its_deployment(tmp_path) -> None:
     ({"deployment": {"model": "llama-3.1-8b"}}, "does not say its hardware"),
     ({"deployment": {**DEPLOYMENT, "hardware": "cpu-local"}}, "a device timed from its own profile: give --profile P.jsonl, made on the machine that served it by `servecast profile --model"),
     ({"deployment": {**DEPLOYMENT, "tp": 3}}, "tp=3 does not divide"),
-    ({"max_concurrency": 4}, "--max-concurrency 4, a client-side queue"),
     ({"trace": trace_at(10, num=50)}, "the trace changed since"),
 ])
 def test_a_replay_that_cannot_be_simulated_as_measured_names_the_fix(tmp_path, change, message) -> None:
@@ -84,6 +83,17 @@ def test_a_replay_that_cannot_be_simulated_as_measured_names_the_fix(tmp_path, c
     (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(RunsError, match=message):
         read_run_sources([folder])
+
+
+def test_a_replay_with_max_concurrency_is_read_as_closed_loop_clients(tmp_path) -> None:
+    from simulator.workload.requests import Clients
+
+    folder = simulated_replay(tmp_path / "r", trace_at(10))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["replay"]["max_concurrency"] = 4
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (run,) = read_run_sources([folder])
+    assert run.workload().clients == Clients(4)
 
 
 def test_short_outputs_are_refused(tmp_path) -> None:

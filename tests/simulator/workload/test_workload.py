@@ -178,3 +178,21 @@ def test_a_portable_spec_names_its_files_absolutely(tmp_path, monkeypatch) -> No
     assert portable_spec("missing.csv,rate=2") == "missing.csv,rate=2"  # left for load_workload to refuse
     monkeypatch.chdir("/")
     assert len(load_workload(spec)) == 4
+
+
+def test_closed_loop_specs_and_their_errors() -> None:
+    from simulator.workload.requests import Clients
+
+    workload = load_workload("synthetic:num=20,input=64,output=8,concurrency=4,think=0.5")
+    assert workload.clients == Clients(4, 0.5)
+    assert (np.array([r.arrival_s for r in workload]) == 0).all()  # without a rate: all may go at once
+    assert workload.limited(5).clients == Clients(4, 0.5)  # transforms keep the clients
+    assert load_workload("synthetic:num=20,rate=4,concurrency=2").rate_per_s < 10  # a rate still spaces them
+    lengths = load_workload("traces/sharegpt_lengths.csv,num=30,concurrency=8")
+    assert lengths.clients == Clients(8) and len(lengths) == 30
+    assert Clients(4).scaled(2.6) == Clients(10)
+    for bad, words in [("synthetic:num=5,think=1", "add concurrency"), ("synthetic:num=5,concurrency=0", ">= 1"),
+                       ("synthetic:num=5,concurrency=2,think=-1", "think"),
+                       ("synthetic:num=5,concurrency=2.5", "whole number")]:
+        with pytest.raises(WorkloadError, match=words):
+            load_workload(bad)
