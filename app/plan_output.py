@@ -121,6 +121,11 @@ def trace_name(trace: str) -> str:
 
 def probed(spec) -> str:
     """What every traffic level was simulated on, in words (PlanSpec.probe)."""
+    clients = spec.workload.clients
+    if clients is not None:
+        think = f", each pausing {clients.think_s:g} s between requests" if clients.think_s else ""
+        return (f"Closed-loop clients: {clients.concurrency} at x1{think}, each sending its next request when its "
+                f"last finishes; traffic x g is g times the clients, over {len(spec.probe(1.0)):,} requests.")
     if spec.workload.duration_s <= 0:
         return "The trace arrives all at once: traffic x g is g times its requests, all at once."
     probe = spec.probe(1.0)

@@ -43,6 +43,8 @@ def trace_words(workload, name: str | None = None, nominal_rate: float | None = 
     the rate the trace was drawn at (a synthetic trace's rate=): said first, the sample's beside it."""
     rate = workload.rate_per_s
     at = f" at {rate:.3g} req/s" if math.isfinite(rate) else " all at once"
+    if workload.clients is not None:
+        at = f" from {workload.clients.concurrency} closed-loop clients" + (at if math.isfinite(rate) else "")
     notes = [name] if name else []
     if nominal_rate is not None and math.isfinite(nominal_rate) and math.isfinite(rate) \
             and f"{nominal_rate:.3g}" != f"{rate:.3g}":

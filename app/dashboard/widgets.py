@@ -16,6 +16,7 @@ from simulator.fleet.sim_config import parse_pools
 
 
 BUNDLED = "bundled ShareGPT lengths"
+OPEN_LOOP, CLOSED_LOOP = "arrival rate", "concurrent clients"
 
 
 def trace_input(key: str, num: int = 200, rate: float = 8.0):
@@ -25,8 +26,15 @@ def trace_input(key: str, num: int = 200, rate: float = 8.0):
     try:
         if source == BUNDLED:
             num = st.number_input("requests", 20, 200_000, num, step=20, key=f"{key}_num")
-            rate = st.number_input("arrival rate (req/s)", 0.1, 1000.0, float(rate), key=f"{key}_rate")
-            spec = bundled_spec(int(num), float(rate))
+            load = st.radio("load", [OPEN_LOOP, CLOSED_LOOP], horizontal=True, key=f"{key}_load",
+                            help="a benchmark's clients: each sends its next request when its last one finishes "
+                                 "(vllm bench serve --max-concurrency)")
+            if load == CLOSED_LOOP:
+                clients = st.number_input("concurrent clients", 1, 4096, 16, key=f"{key}_clients")
+                spec = bundled_spec(int(num), math.inf) + f",concurrency={int(clients)}"
+            else:
+                rate = st.number_input("arrival rate (req/s)", 0.1, 1000.0, float(rate), key=f"{key}_rate")
+                spec = bundled_spec(int(num), float(rate))
             return workload_from_spec(spec), spec
         if source == "trace spec":
             spec = st.text_input("--trace spec", "synthetic:num=200,input=512,output=128,rate=6", key=f"{key}_spec")
@@ -50,12 +58,13 @@ def trace_words(key: str, workload) -> str:
     if state.get(f"{key}_src", BUNDLED) == BUNDLED:
         if f"{key}_num" not in state:  # no widget ran (a bare run of the page): the trace's own figures
             return plan_words.trace_words(workload, "ShareGPT lengths")
+        if state.get(f"{key}_load") == CLOSED_LOOP:
+            return (f"{int(state[f'{key}_num']):,} requests from {int(state[f'{key}_clients'])} closed-loop clients "
+                    "(ShareGPT lengths)")
         return f"{int(state[f'{key}_num']):,} requests at {float(state[f'{key}_rate']):g} req/s (ShareGPT lengths)"
     name = state.get(f"{key}_spec") if state.get(f"{key}_src") == "trace spec" else \
         getattr(state.get(f"{key}_upload"), "name", "the upload")
-    rate = workload.rate_per_s
-    return f"{len(workload):,} requests of {name}" + (f" at {rate:.3g} req/s" if math.isfinite(rate)
-                                                      else " all at once")
+    return plan_words.trace_words(workload, name)
 
 
 SPLITS = ["co-located", "1:1", "1:2", "1:3", "2:1"]

@@ -63,7 +63,8 @@ def replica_bound(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0)
     per_token_s = decode_s / batch
     usd_per_token_s = (price if price is not None else math.inf) * per_token_s
     simple = not (candidate.disaggregate or candidate.pp > 1 or candidate.cp > 1 or candidate.speculative)
-    if not simple or workload.duration_s <= 0:
+    # Closed-loop clients send no faster than they are served: their traffic has no rate to bound.
+    if not simple or workload.duration_s <= 0 or workload.clients is not None:
         return ReplicaBound(1, price, usd_per_token_s)
     chunk = config.max_num_batched_tokens
     prefill_s = timer.step([ScheduledChunk("p", 0, chunk, True, True)]) / chunk

@@ -8,7 +8,9 @@ behind the same router never make latency worse (each sees less load). A configu
 hold the model, or meets the SLOs with no fleet up to max_replicas, is reported with the reason.
 
 Headroom is the largest factor on the point's traffic (x its rate) the chosen fleet still meets the
-SLOs at, found by bisection to 5% (64 at most); none for a trace that arrives all at once.
+SLOs at, found by bisection to 5% (64 at most); none for a trace that arrives all at once. Under
+closed-loop clients (concurrency=C) the traffic is the clients: x2 is 2C of them, and the SLOs
+are met at a given concurrency.
 
 Every rate is probed on the same stretch of time (PlanSpec.probe): the trace compressed to the rate,
 then played again back to back until it spans the trace's own duration or min_duration_s, whichever
@@ -83,7 +85,15 @@ class PlanSpec:
 
     def probe(self, rate_scale: float) -> Workload:
         """The traffic simulated at rate_scale x the trace's rate (see the module's docstring). A
-        trace that arrives all at once has no rate: x2 is twice its requests, all at once."""
+        trace that arrives all at once has no rate: x2 is twice its requests, all at once. Under
+        closed-loop clients, x2 is twice the clients (and a timed trace's rate), their requests
+        cycled to hold min_requests."""
+        clients = self.workload.clients
+        if clients is not None:
+            base = self.workload.scaled(rate_scale) if self.workload.duration_s > 0 else self.workload
+            if len(base) < self.min_requests:
+                base = base.multiplied(math.ceil(self.min_requests / len(base)))
+            return base.closed_loop(clients.scaled(rate_scale))
         if self.workload.duration_s <= 0:
             return self.workload.multiplied(rate_scale)
         # A burst of a moment is not stretched past MAX_COPIES of itself.
@@ -257,7 +267,8 @@ def plan_extras(spec: PlanSpec, result: CandidateResult, run: Simulate = run_sum
                 result.simulations += 1
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
-    if headroom and workload.duration_s > 0:  # all-at-once traffic has no rate to scale
+    # All-at-once traffic has no rate to scale; closed-loop clients scale in number.
+    if headroom and (workload.duration_s > 0 or workload.clients is not None):
         result.headroom = fleet_headroom(spec, candidate, replicas, result.rate_scale, run, result, cost_model)
     return result
 

@@ -26,6 +26,10 @@ GRIDS = {
                                      (1.0, 3.0)),
     "cheap GPUs, tight TPOT": (spec({"ttft_p99": 3.0, "tpot_p99": 0.05}, rate=12),
                                candidate_grid(["l4", "a10g", "h200", "mi300x"], ["bf16"], [1, 2]), (1.0,)),
+    "closed-loop clients": (PlanSpec("llama-3.1-8b", load_workload(
+        f"synthetic:num=120,lengths={BUNDLED_LENGTHS},concurrency=48", seed=0), {"ttft_p99": 1.0, "tpot_p99": 0.03},
+        max_replicas=64, min_requests=300), candidate_grid(["h100-sxm", "a100-80gb"], ["bf16", "fp8"], [1, 2]),
+        (1.0, 2.0)),
 }
 
 
@@ -58,6 +62,20 @@ def test_the_analytic_bound_never_exceeds_the_replicas_simulated(both) -> None:
     for r in exhaustive.results:
         if r.feasible:
             assert replica_bound(s, r.candidate, r.rate_scale).replicas <= r.replicas
+
+
+def test_closed_loop_traffic_grows_in_clients_and_keeps_its_headroom(both) -> None:
+    s, exhaustive, _ = both
+    if s.workload.clients is None:
+        pytest.skip("open-loop grid")
+    assert s.probe(2.0).clients.concurrency == 96 and len(s.probe(2.0)) >= 300
+    for g in (1.0, 2.0):
+        best = exhaustive.recommendation(g)
+        assert best.headroom is not None and best.headroom >= 1.0
+    # Twice the clients never need fewer replicas of the same candidate.
+    by = {(r.candidate, r.rate_scale): r.replicas for r in exhaustive.results if r.feasible}
+    assert all(by[(c, 2.0)] >= n for (c, g), n in by.items() if g == 1.0 and (c, 2.0) in by)
+    assert max(by.values()) > 1  # the SLOs made some candidate need several replicas
 
 
 def test_the_bound_grows_with_the_traffic_and_orders_by_throughput_per_dollar() -> None:
