@@ -35,6 +35,10 @@ CONFIGS = {
     "qwen2moe-shared": dict(cls="Qwen2MoeConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=112, moe_intermediate_size=48, shared_expert_intermediate_size=80,
                             num_experts=6, num_experts_per_tok=4, mlp_only_layers=[1], num_hidden_layers=2),
+    # Qwen3-MoE: Qwen3's q/k norms over top-4 of 6 renormalized experts, no shared expert
+    "qwen3moe": dict(cls="Qwen3MoeConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=112, moe_intermediate_size=48, num_experts=6, num_experts_per_tok=4,
+                     norm_topk_prob=True, num_hidden_layers=2, head_dim=32),
 }
 
 VOCAB = 256

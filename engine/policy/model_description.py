@@ -134,6 +134,8 @@ class ModelDescription:
     shared_expert_intermediate_size: int = 0  # the shared expert(s) every token goes through; 0: none
     norm_topk_prob: bool = True
     sparse_layers: tuple[bool, ...] = ()  # per layer: True where the feed-forward is the MoE
+    # Learned attention sinks: one logit per head added to the softmax's denominator (gpt-oss).
+    attention_sinks: bool = False
     # config.json keys a reader did not find and took the family's transformers default for.
     assumed: tuple[str, ...] = ()
 
@@ -228,6 +230,41 @@ def _qwen2_moe(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
                 assumed=assumed)
 
 
+_QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}  # transformers'
+
+
+def _qwen3_moe(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3's attention (q/k norms, attention_bias as given, the sliding window only with
+    use_sliding_window) over Qwen2-MoE's sparse layers without a shared expert (Qwen3-30B-A3B,
+    Qwen3-235B-A22B: 128 experts, top-8 renormalized)."""
+    if "num_experts" not in raw and "num_local_experts" in raw:  # transformers >= 5 writes this name
+        raw = {**raw, "num_experts": raw["num_local_experts"]}
+    assumed = tuple(key for key in _QWEN3_MOE_DEFAULTS if key not in raw)
+    value = {key: raw[key] if key in raw else default for key, default in _QWEN3_MOE_DEFAULTS.items()}
+    num_experts = int(value["num_experts"])
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or [])
+    return dict(qk_norm=True, sliding_windows=_sliding_windows(raw, base["num_layers"], gated=True),
+                num_experts=num_experts, experts_per_token=int(value["num_experts_per_tok"]),
+                moe_intermediate_size=int(value["moe_intermediate_size"]),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                sparse_layers=tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
+                                    for i in range(base["num_layers"])),
+                assumed=assumed)
+
+
+def _gpt_oss(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss: biases on q/k/v/o, learned attention sinks, layer_types alternating
+    sliding_window-token sliding attention and full attention (the base reading), and every
+    layer's MLP num_local_experts experts of intermediate_size, top experts_per_token (softmax over
+    the chosen: renormalized). Its experts' biases and clamped SwiGLU are not timed apart."""
+    return dict(qkv_bias=True, o_bias=True, attention_sinks=True,
+                num_experts=int(raw["num_local_experts"]),
+                experts_per_token=int(raw.get("num_experts_per_tok") or raw["experts_per_token"]),
+                moe_intermediate_size=None, norm_topk_prob=True,
+                sparse_layers=tuple([True] * base["num_layers"]))
+
+
 def _llama4_text(raw: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """Every interleave_moe_layer_step-th layer is MoE (experts of intermediate_size, one shared
     expert of the same width); the dense layers' MLP is intermediate_size_mlp."""
@@ -264,6 +301,8 @@ ARCHITECTURES: dict[str, Family] = {
     "qwen2_moe": Family(_qwen2_moe, engine=True),
     "llama4_text": Family(_llama4_text, engine=False),
     "deepseek_v2": Family(_deepseek_v2, engine=False),
+    "qwen3_moe": Family(_qwen3_moe, engine=True),
+    "gpt_oss": Family(_gpt_oss, engine=False),
 }
 ENGINE_ARCHITECTURES = frozenset(name for name, family in ARCHITECTURES.items() if family.engine)
 

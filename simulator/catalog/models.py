@@ -1,6 +1,7 @@
 """Model architecture facts: the bundled catalog (models/*.json, HF config.json subsets) or any
 HF config.json path. Dense Llama-family models and mixture-of-experts models (Mixtral, Qwen2-MoE,
-Llama 4, DeepSeek-V2: routed experts, optional shared experts, leading dense layers).
+Qwen3-MoE, gpt-oss, Llama 4, DeepSeek-V2: routed experts, optional shared experts, leading dense
+layers; gpt-oss's interleaved sliding-window layers and attention sinks).
 
 config.json is read by engine/policy/model_description.py (torch-free), the one reader the engine shares;
 its ARCHITECTURES registry lists the families (how to add one: its docstring), and DeepSeek's
@@ -40,6 +41,11 @@ class ModelSpec(BaseModel, DecoderShape):
     moe_intermediate_size: int = 0  # each routed expert's (0: intermediate_size)
     shared_expert_intermediate_size: int = 0  # the shared expert(s) every token goes through; 0: none
     num_dense_layers: int = 0  # MoE models: layers whose feed-forward is a dense MLP (intermediate_size)
+    # Interleaved local attention (gpt-oss, Gemma 3): this many layers attend only the last
+    # sliding_window tokens, and hold only those in the KV cache where some layers attend fully.
+    sliding_window: int | None = None
+    num_sliding_layers: int = 0
+    attention_sinks: bool = False  # learned per-head sink logits (a softmax term; not timed apart)
     tie_word_embeddings: bool = False
     dtype: str = "bfloat16"
 
@@ -50,6 +56,12 @@ class ModelSpec(BaseModel, DecoderShape):
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def hybrid_attention(self) -> bool:
+        """Some layers slide, some attend fully: the sliding ones keep only their window's KV (as
+        vLLM's hybrid KV cache manager frees it), so a token's blocks count the full layers only."""
+        return 0 < self.num_sliding_layers < self.num_layers
 
     def check_expert_parallel(self, tp: int) -> None:
         """Raise ValueError naming the fix when whole experts cannot be spread over tp ranks."""
@@ -104,12 +116,15 @@ class ModelSpec(BaseModel, DecoderShape):
                        moe_intermediate_size=d.moe_intermediate_size or 0,  # 0 (None there): intermediate_size
                        shared_expert_intermediate_size=d.shared_expert_intermediate_size,
                        num_dense_layers=d.num_layers - sum(d.sparse_layers))
+        windows = [w for w in d.sliding_windows if w is not None]
+        sliding = dict(sliding_window=max(windows), num_sliding_layers=len(windows)) if windows else {}
         return cls(
             name=name, model_type=d.model_type, num_layers=d.num_layers, hidden_size=d.hidden_size,
             intermediate_size=d.intermediate_size, num_heads=d.num_heads, num_kv_heads=d.num_kv_heads,
             head_dim=d.head_dim or d.hidden_size // d.num_heads, vocab_size=d.vocab_size,
             max_position_embeddings=4096 if d.max_position_embeddings is None else d.max_position_embeddings,
-            tie_word_embeddings=d.tie_word_embeddings, dtype=d.torch_dtype or d.dtype or "bfloat16", **moe)
+            tie_word_embeddings=d.tie_word_embeddings, dtype=d.torch_dtype or d.dtype or "bfloat16",
+            attention_sinks=d.attention_sinks, **sliding, **moe)
 
 
 def catalog_model_ids() -> list[str]:

@@ -8,7 +8,8 @@ Per GPU of a replica with tensor parallelism tp, pipeline parallelism pp and con
     activations = a forward over max_num_batched_tokens tokens (hidden states, qkv, MLP, logits of
                   the sampled rows), as vLLM's profiling run measures it
     reserve     = runtime context, collective buffers and graph captures (RUNTIME_RESERVE_BYTES,
-                  + COLLECTIVE_RESERVE_BYTES under tp, pp or cp > 1)
+                  + COLLECTIVE_RESERVE_BYTES under tp, pp or cp > 1), and a hybrid model's sliding
+                  layers' windows for max_num_seqs sequences (its blocks then hold the full layers)
     kv          = usable - weights - activations - reserve  ->  blocks of block_size tokens
 
 Context parallelism (engine/context_parallel.py) replicates the weights on each of its cp ranks
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from simulator.catalog.hardware import Accelerator
 from simulator.catalog.models import ModelSpec
-from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES
+from engine.policy.dtypes import DTYPE_BYTES, EXPERT_ONLY_WEIGHTS, WEIGHT_BYTES
 
 GB = 1e9
 # Bytes per cached K or V element; int8 / fp8 add an fp32 scale per token and head (head_dim elements).
@@ -87,6 +88,10 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: str, tp: int, pp: int) -> 
     # Embedding on the first stage, LM head on the last (the same stage when pp == 1); embeddings
     # and norms stay in 16 bits under weight-only quantization.
     ends = embed * (1 if pp > 1 or model.tie_word_embeddings else 2)
+    if precision in EXPERT_ONLY_WEIGHTS:  # the routed experts narrow, the rest of each layer 16-bit
+        experts = 3 * model.hidden_size * model.expert_intermediate_size * model.num_experts \
+            * model.num_moe_layers / model.num_layers
+        return (layers_per_stage * (experts * per_weight + (per_layer - experts) * 2.0) + ends * 2.0) / tp
     return (layers_per_stage * per_layer * per_weight + ends * 2.0) / tp
 
 
@@ -102,11 +107,29 @@ def activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs
     return max_num_batched_tokens * per_token + logits
 
 
-def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int) -> float:
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, tp: int, pp: int, layers: int | None = None) -> float:
+    """K and V bytes per token on one GPU: the stage's layers, or `layers` of them."""
     kv_heads = max(model.num_kv_heads // tp, 1)  # KV heads replicate when tp exceeds them
-    layers = math.ceil(model.num_layers / pp)
+    layers = math.ceil(model.num_layers / pp) if layers is None else layers
     element = float(DTYPE_BYTES[kv_dtype]) * model.head_dim + KV_SCALE_BYTES.get(kv_dtype, 0)
     return 2.0 * layers * kv_heads * element
+
+
+def sliding_kv_bytes(model: ModelSpec, kv_dtype: str, tp: int, pp: int, block_size: int, max_num_seqs: int) -> float:
+    """The sliding layers' KV of a hybrid model (ModelSpec.hybrid_attention) on one GPU, held
+    apart from the token blocks: each running sequence keeps its last window's blocks, plus the one
+    being filled, in each sliding layer (vLLM's hybrid manager frees the older ones)."""
+    if not model.hybrid_attention:
+        return 0.0
+    layers = math.ceil(model.num_sliding_layers / pp)
+    window_blocks = -(-model.sliding_window // block_size) + 1
+    return kv_bytes_per_token(model, kv_dtype, tp, pp, layers) * window_blocks * block_size * max_num_seqs
+
+
+def block_layers(model: ModelSpec, pp: int) -> int:
+    """The layers a token's KV blocks hold on one GPU: the full-attention ones of a hybrid model."""
+    layers = model.num_layers - model.num_sliding_layers if model.hybrid_attention else model.num_layers
+    return math.ceil(layers / pp)
 
 
 def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int, weight_precision: str,
@@ -132,8 +155,9 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
                                                gpu_memory_utilization))
     activations = activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
     reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp * cp > 1 else 0.0)
+    reserve += sliding_kv_bytes(model, kv_dtype, tp, pp, block_size, max_num_seqs)
     kv = usable - weights - activations - reserve
-    per_token = kv_bytes_per_token(model, kv_dtype, tp, pp)
+    per_token = kv_bytes_per_token(model, kv_dtype, tp, pp, block_layers(model, pp))
     if draft is not None:
         per_token += kv_bytes_per_token(draft, kv_dtype, tp, pp)
     num_blocks = int(max(kv, 0) // (per_token * block_size))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from engine.policy.dtypes import DTYPE_BYTES, WEIGHT_BYTES, canonical_dtype
+from engine.policy.dtypes import DTYPE_BYTES, EXPERT_ONLY_WEIGHTS, WEIGHT_BYTES, canonical_dtype
 from simulator.catalog.models import ModelSpec
 
 
@@ -85,12 +85,14 @@ class StepRecipe:
         heads, kv_heads = m.num_heads // tp, max(m.num_kv_heads // tp, 1)
         element = DTYPE_BYTES[dtype]
         shapes = m.linear_shapes(tp)
+        # Under an experts-only format (mxfp4) every weight but the routed experts' is 16-bit.
+        dense_weights = None if weight_dtype in EXPERT_ONLY_WEIGHTS else weight_dtype
         ops: list[Op] = []
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             n, k = shapes[name]
             count = dense_layers if name in ("gate_up_proj", "down_proj") else layers
             if count:
-                ops.append(Op(name, "gemm", (n, k, dtype, name, weight_dtype), count))
+                ops.append(Op(name, "gemm", (n, k, dtype, name, dense_weights), count))
         ops.append(Op("kv_write", "kv_write", (kv_heads, m.head_dim, dtype), layers))
         for name, width in m.elementwise_widths(tp).items():
             count = (2 if name in ("rms_norm", "add") else 1) * (dense_layers if name == "swiglu" else layers)
@@ -114,6 +116,8 @@ class StepRecipe:
                             * layers + (shapes["gate_up_proj"][0] * shapes["gate_up_proj"][1]
                                         + shapes["down_proj"][0] * shapes["down_proj"][1]) * dense_layers)
         per_weight = WEIGHT_BYTES.get(weight_dtype or dtype, 2.0)
+        dense_bytes = WEIGHT_BYTES.get(dense_weights or dtype, 2.0)
+        per_token_dense = per_token_linear
         expert_bytes = 0.0
         if m.is_moe:
             experts = m.expert_shapes(tp)
@@ -123,10 +127,12 @@ class StepRecipe:
             whole_or_sliced = m.expert_shapes(tp, expert_parallel)
             expert_bytes = sum(whole_or_sliced[name][0] * whole_or_sliced[name][1]
                                for name in ("expert_gate_up", "expert_down")) * per_weight * moe_layers
+        weight_bytes = (per_token_linear + n * k) * per_weight if dense_weights == weight_dtype else \
+            (per_token_dense + n * k) * dense_bytes + (per_token_linear - per_token_dense) * per_weight
         return cls(model, tp, dtype, weight_dtype, expert_parallel, routing_skew, tuple(ops), tuple(head), heads,
                    kv_heads, flops_per_token=2.0 * per_token_linear, flops_per_sample=2.0 * n * k,
-                   attention_flops_per_key=4.0 * heads * m.head_dim * layers,
-                   weight_bytes=(per_token_linear + n * k) * per_weight, expert_bytes=expert_bytes)
+                   attention_flops_per_key=4.0 * heads * m.head_dim * layers, weight_bytes=weight_bytes,
+                   expert_bytes=expert_bytes)
 
 
 def _moe_ops(m: ModelSpec, tp: int, dtype: str, layers: int, weight_dtype: str | None, expert_parallel: bool,

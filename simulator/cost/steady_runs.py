@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from engine.policy.scheduler import ScheduledChunk
 from simulator.cost.recipe import StepRecipe
 from simulator.cost.step_parts import StepParts, StepTally
 
@@ -100,6 +101,20 @@ class PaddedSteadyRun(SteadyRun):
     def __init__(self, timer: StepTimer, steps: int, end_times: list[float], parts: list[StepParts]) -> None:
         super().__init__(timer, steps, end_times)
         self.parts = parts
+
+    @classmethod
+    def timed(cls, timer, running, steps: int, start_s: float, first_extra_s: float) -> "PaddedSteadyRun":
+        """Each step's parts from every request's context (the engine's padded groups depend on all)."""
+        times: list[float] = []
+        parts_of_steps: list[StepParts] = []
+        now = start_s
+        for k in range(steps):
+            parts = timer._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
+                                  for s in running])
+            now += parts.total_s + first_extra_s if k == 0 else parts.total_s
+            times.append(now)
+            parts_of_steps.append(parts)
+        return cls(timer, steps, times, parts_of_steps)
 
     def commit(self, k: int) -> None:
         for parts in self.parts[:k]:

@@ -3,15 +3,13 @@ step's time out -- the one place a step's time is put together. The simulator ca
 plan_steady_run() millions of times; `servecast predict`, the framework fit and reports call
 explain(), the same parts with every operator's provenance (step_cost). No torch.
 
-A step's time is a sum of parts that each depend on a few integers: the step recipe's token
-operators on the step's token count (and, under pipeline parallelism, the pp - 1 sends of the
-micro-batch's hidden states between stages), prefill attention on each chunk's (tokens,
-context), decode attention on (number of decodes, their total context), verification attention
-on (chunks, queries, total context), the recipe's head operators on the rows through the LM head,
-and the host overhead on the step's composition. Reading a quantized KV cache adds its
-dequantization to each attention part; context parallelism (ContextParallel) shares the tokens
-and keys over its ranks and adds its collectives. Each part is timed by the cost model's sources
-once per distinct argument and then looked up, so a simulated step costs a few dict lookups.
+A step's time is a sum of parts on a few integers each: the token operators on its token count
+(with pp - 1 sends of hidden states under pipeline parallelism), prefill attention on each chunk's
+(tokens, context), decode attention on (decodes, total context), verification on (chunks, queries,
+total context), the head on its LM-head rows, the host overhead on its composition. A quantized KV
+cache adds dequantization to attention; context parallelism (ContextParallel) shares tokens and
+keys over its ranks and adds collectives. Each part is timed once per distinct argument, then
+looked up: a simulated step costs a few dict lookups.
 """
 
 from __future__ import annotations
@@ -66,6 +64,10 @@ class StepTimer:
         self._token_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.token_ops]
         self._head_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.head_ops]
         self._attention = (recipe.heads, recipe.kv_heads, model.head_dim, recipe.dtype)
+        # Sliding layers attend their window (a chunk: and itself); a batch's, min(keys, batch x window).
+        self._window = model.sliding_window if model.num_sliding_layers else None
+        self._sliding_layers = model.num_sliding_layers
+        self._full_layers = self._layers - self._sliding_layers
         # Reading a quantized KV cache dequantizes what it gathers (profiled kv_gather points), on
         # top of each attention call's time; None: a plain cache, or a profile without them.
         self._kv_dequant = kv_dequant_timer(cost_model, shape.kv_dtype, recipe.kv_heads, model.head_dim,
@@ -156,7 +158,8 @@ class StepTimer:
         """A prefill chunk's attention, all layers: a rank's queries of it over its whole context."""
         def compute() -> float:
             source = self.cost_model.source("attention_prefill", (self._share(num_tokens), *self._attention))
-            return 0.0 + _timed(source, context_len, self._layers, "attention_prefill", ledger) \
+            local = min(context_len, num_tokens + (self._window or context_len))
+            return 0.0 + self._attended(source, context_len, local, "attention_prefill", ledger) \
                 + self._kv_read(context_len, ledger)
         return compute() if ledger is not None else self._memo(self._prefill, (num_tokens, context_len), compute)
 
@@ -199,7 +202,8 @@ class StepTimer:
                 source = self._decode_sources[batch] = self.cost_model.source("attention_decode",
                                                                               (batch, *self._attention))
             keys = self._share(total_context)
-            value = 0.0 + _timed(source, keys, self._layers, "attention_decode", ledger)  # as StepCost.add sums it
+            local = min(keys, batch * (self._window or keys))
+            value = 0.0 + self._attended(source, keys, local, "attention_decode", ledger)  # as StepCost.add sums it
             if self._kv_dequant is not None:
                 value += self._kv_read(keys, ledger)
             if remember:
@@ -207,6 +211,13 @@ class StepTimer:
                     self._decode.clear()
                 self._decode[key] = value
         return value
+
+    def _attended(self, source, keys: int, local: int, name: str, ledger: StepCost | None) -> float:
+        """An attention call in every layer: over `keys`, the sliding layers over `local` of them."""
+        if self._window is None:
+            return _timed(source, keys, self._layers, name, ledger)
+        return _timed(source, keys, self._full_layers, name, ledger) \
+            + _timed(source, local, self._sliding_layers, name, ledger)
 
     def head(self, sampled: int, ledger: StepCost | None = None) -> float:
         def compute() -> float:
@@ -247,7 +258,7 @@ class StepTimer:
         in rounding)."""
         self.last_sampled = len(running)
         if self._pads:  # the engine's padded groups depend on every context: build each step
-            return self._padded_steady_run(running, steps, start_s, first_extra_s)
+            return PaddedSteadyRun.timed(self, running, steps, start_s, first_extra_s)
         n = len(running)
         if context is None:  # the first step's total decode context, unless the caller summed it
             context = sum(seq.num_computed_tokens + 1 for seq in running)
@@ -258,18 +269,6 @@ class StepTimer:
                                       keys=0, prefill_context=0, chunks=n, prefill_chunks=0, groups=1, verifying=0)
             base = self._memo(self._steady_bases, n, lambda: self._complete(decodes, 0.0, 0.0))
         return UniformSteadyRun(self, n, context, steps, start_s, base, first_extra_s)
-
-    def _padded_steady_run(self, running, steps: int, start_s: float, first_extra_s: float) -> SteadyRun:
-        times: list[float] = []
-        parts_of_steps: list[StepParts] = []
-        now = start_s
-        for k in range(steps):
-            parts = self._parts([ScheduledChunk(s.request_id, s.num_computed_tokens + k, 1, False, True)
-                                 for s in running])
-            now += parts.total_s + first_extra_s if k == 0 else parts.total_s
-            times.append(now)
-            parts_of_steps.append(parts)
-        return PaddedSteadyRun(self, steps, times, parts_of_steps)
 
     # -- a step -------------------------------------------------------------------------------
     def step(self, chunks: Seq[ScheduledChunk], decodes: int = 0, decode_context: int = 0) -> float:

@@ -27,7 +27,7 @@ from pydantic_core import PydanticUndefined
 
 from simulator.fleet.router import ROUTERS
 
-WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "w8a8"]
+WeightPrecision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "w8a8", "mxfp4", "nvfp4"]
 KVDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
 ActivationDtype = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
 Router = Literal[ROUTERS]  # the names in simulator/fleet/router.py's registry

@@ -12,6 +12,7 @@ import re
 from pydantic import ValidationError, model_validator
 
 from engine.policy.config import check_chunked_prefill
+from engine.policy.dtypes import EXPERT_ONLY_WEIGHTS
 from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
@@ -94,11 +95,12 @@ class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings
 
     @property
     def compute_dtype(self) -> str:
-        """GEMMs run in 16 bits under weight-only quantization, in fp8 with fp8 weights (unless
-        activation_dtype says otherwise)."""
+        """GEMMs run in 16 bits under weight-only quantization (mxfp4's experts too, as vLLM's
+        MXFP4-BF16 kernels on Hopper), in fp8 with fp8 weights, and nvfp4 at the fp8 rate (its FP4
+        tensor cores are twice that: a slow bound on compute-bound steps); activation_dtype overrides."""
         if self.activation_dtype != "auto":
             return self.activation_dtype
-        return "fp32" if self.quant == "fp32" else ("fp8" if self.quant == "fp8" else "bf16")
+        return "fp32" if self.quant == "fp32" else ("fp8" if self.quant in ("fp8", "nvfp4") else "bf16")
 
     @property
     def cache_dtype(self) -> str:
@@ -124,6 +126,12 @@ class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings
         if self.compute_dtype == "fp8" and accelerator.peak_tflops.get("fp8") is None and not accelerator.profiled:
             raise ValueError(f"{accelerator.id} has no fp8 tensor cores in the catalog: use quant=int8 or int4 "
                              "(weight-only) or an fp8-capable accelerator (h100-sxm, h200, l40s, mi300x, ...)")
+        if self.quant == "nvfp4" and accelerator.peak_tflops.get("fp4") is None and not accelerator.profiled:
+            raise ValueError(f"nvfp4 weights need FP4 tensor cores, which {accelerator.id} has not in the catalog: "
+                             "use an FP4-capable accelerator (b200), or quant=mxfp4 (MoE experts), int4 or fp8")
+        if self.quant in EXPERT_ONLY_WEIGHTS and not model.is_moe:
+            raise ValueError(f"quant={self.quant} quantizes a MoE model's experts (vLLM's Mxfp4Config); {model.name} "
+                             "is dense: use int4, fp8 or nvfp4")
         if self.kv_offload_gb and (accelerator.profiled or accelerator.host_link_gbps is None):
             raise ValueError(f"kv_offload_gb needs {accelerator.id}'s link to host memory, which the catalog does not "
                              "give: set host_link_gbps (GB/s, one direction) in a --hardware-file entry")
@@ -135,8 +143,8 @@ class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings
                 raise ValueError(f"num_gpu_blocks={blocks} x block_size={self.block_size}{ranks} holds fewer tokens "
                                  f"than max_model_len={self.max_model_len}: raise num_gpu_blocks or lower "
                                  "max_model_len")
-            from simulator.cost.memory import kv_bytes_per_token
-            per_token = kv_bytes_per_token(model, self.cache_dtype, self.tp, self.pp)
+            from simulator.cost.memory import block_layers, kv_bytes_per_token
+            per_token = kv_bytes_per_token(model, self.cache_dtype, self.tp, self.pp, block_layers(model, self.pp))
             plan = MemoryPlan(0.0, 0.0, 0.0, 0.0, 0.0, per_token, blocks * self.block_size * per_token,
                               self.block_size, blocks, self.cp)
         else:

@@ -24,19 +24,19 @@ def catalog_raw(model_id: str) -> dict:
 
 def test_the_registry_is_what_both_consumers_support() -> None:
     assert set(SUPPORTED) == set(ARCHITECTURES) == {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe",
-                                                    "llama4_text", "deepseek_v2"}
-    assert set(SUPPORTED_ARCHITECTURES) == set(ENGINE_ARCHITECTURES) == set(ARCHITECTURES) - {"llama4_text",
-                                                                                              "deepseek_v2"}
+                                                    "qwen3_moe", "llama4_text", "deepseek_v2", "gpt_oss"}
+    assert set(SUPPORTED_ARCHITECTURES) == set(ENGINE_ARCHITECTURES) == set(ARCHITECTURES) - {
+        "llama4_text", "deepseek_v2", "gpt_oss"}
     seen = {describe(catalog_raw(p.stem)).model_type for p in MODELS_DIR.glob("*.json")}
     seen |= {describe(hf_config(name).to_dict()).model_type for name in CONFIGS}
     assert seen == set(ARCHITECTURES)  # every family is read by some catalog or tiny test config
 
 
-@pytest.mark.parametrize("model_id", ["llama-4-scout", "deepseek-v2-lite"])
+@pytest.mark.parametrize("model_id", ["llama-4-scout", "deepseek-v2-lite", "gpt-oss-20b"])
 def test_the_engine_refuses_the_families_only_the_simulator_reads(model_id) -> None:
     raw = catalog_raw(model_id)
     with pytest.raises(ValueError, match=f"model_type '{raw['model_type']}' is not supported by the engine; "
-                                         "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3"):
+                                         "supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         ModelConfig.from_hf(raw)
     assert load_model(model_id).is_moe
 

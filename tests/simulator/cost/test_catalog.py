@@ -71,7 +71,11 @@ def test_model_catalog_parameter_counts() -> None:
     # its latent's width (the module docstring), a few hundred million more attention weights.
     ("mixtral-8x7b", 46.7, 12.9, 0.01), ("mixtral-8x22b", 141.0, 39.0, 0.01),
     ("qwen1.5-moe-a2.7b", 14.3, 2.7, 0.01), ("llama-4-scout", 109.0, 17.0, 0.03),
-    ("deepseek-v2-lite", 15.7, 2.4, 0.2)])
+    ("deepseek-v2-lite", 15.7, 2.4, 0.2),
+    # Qwen's cards: 30.5 B / 3.3 B and 235 B / 22 B, embeddings counted. gpt-oss: OpenAI's 20.9 B / 3.6 B
+    # and 116.8 B / 5.1 B leave out the input embedding (201,088 x 2,880 = 0.58 B), counted here.
+    ("qwen3-30b-a3b", 30.5, 3.35, 0.01), ("qwen3-235b-a22b", 235.1, 22.2, 0.01),
+    ("gpt-oss-20b", 20.9, 3.6 + 0.58, 0.01), ("gpt-oss-120b", 116.8, 5.1 + 0.58, 0.01)])
 def test_moe_catalog_models_count_all_experts_and_the_active_ones(model_id, total, active, tolerance) -> None:
     spec = load_model(model_id)
     assert spec.is_moe

@@ -108,3 +108,48 @@ def test_a_step_reads_the_experts_it_touches() -> None:
     assert many - one == pytest.approx(6 * per_expert, rel=1e-6)  # 2 experts per layer -> all 8
     dense = StepTimer(CostModel.load("h100-sxm"), ReplicaShape(load_model("llama-3.1-8b")))
     assert dense.weight_bytes(1) == dense.weight_bytes(4096)
+
+
+def test_gpt_oss_interleaves_sliding_layers_and_mxfp4_weighs_the_checkpoint() -> None:
+    from simulator.cost.memory import kv_bytes_per_token, plan_memory, weight_bytes_per_gpu
+    from simulator.catalog.hardware import get_accelerator
+
+    small, large = load_model("gpt-oss-20b"), load_model("gpt-oss-120b")
+    assert (small.sliding_window, small.num_sliding_layers, small.attention_sinks) == (128, 12, True)
+    assert small.hybrid_attention and (large.num_experts, large.experts_per_token) == (128, 4)
+    # MXFP4 experts (4.25 bits), every other weight bf16: the checkpoints' safetensors bytes, 13.76 and 65.25 GB.
+    assert weight_bytes_per_gpu(small, "mxfp4", 1, 1) / 1e9 == pytest.approx(13.76, rel=0.01)
+    assert weight_bytes_per_gpu(large, "mxfp4", 1, 1) / 1e9 == pytest.approx(65.25, rel=0.01)
+    # A token's blocks hold the 12 full-attention layers; the sliding ones keep a window per sequence.
+    kw = dict(tp=1, pp=1, weight_precision="mxfp4", kv_dtype="bf16", gpu_memory_utilization=0.9, block_size=16,
+              max_num_batched_tokens=8192, max_model_len=None)
+    few, many = (plan_memory(small, get_accelerator("h100-sxm"), max_num_seqs=n, **kw) for n in (16, 256))
+    assert few.kv_bytes_per_token == kv_bytes_per_token(small, "bf16", 1, 1) / 2
+    window = kv_bytes_per_token(small, "bf16", 1, 1, 12) * (128 // 16 + 1) * 16
+    assert few.reserve_bytes - many.reserve_bytes == pytest.approx(-(256 - 16) * window)
+
+
+def test_sliding_layers_attend_their_window_only() -> None:
+    from simulator.cost.shape import ReplicaShape
+    from simulator.cost.step_timer import StepTimer
+    from simulator.fleet.costs import cost_model_for
+    from simulator.fleet.sim_config import SimConfig
+
+    gpt = load_model("gpt-oss-20b")
+    full = gpt.model_copy(update={"sliding_window": None, "num_sliding_layers": 0})
+    cost = cost_model_for(SimConfig(model="gpt-oss-20b", hardware="h100-sxm"))
+    sliding, plain = StepTimer(cost, ReplicaShape(gpt)), StepTimer(cost, ReplicaShape(full))
+    assert sliding.decode_attention(8, 8 * 100) == pytest.approx(plain.decode_attention(8, 8 * 100))  # inside it
+    assert sliding.decode_attention(8, 8 * 8000) < 0.6 * plain.decode_attention(8, 8 * 8000)  # half the layers local
+    assert sliding.prefill_attention(512, 8000) < plain.prefill_attention(512, 8000)
+
+
+def test_fp4_formats_need_their_kernels() -> None:
+    from simulator.fleet.sim_config import SimConfig
+
+    with pytest.raises(ValueError, match="nvfp4 weights need FP4 tensor cores"):
+        SimConfig(model="llama-3.1-8b", hardware="h100-sxm", quant="nvfp4").check()
+    with pytest.raises(ValueError, match="quantizes a MoE model's experts"):
+        SimConfig(model="llama-3.1-8b", hardware="h100-sxm", quant="mxfp4").check()
+    _, _, plan = SimConfig(model="llama-3.1-8b", hardware="b200", quant="nvfp4").check()
+    assert plan.weight_bytes / 1e9 < 0.4 * SimConfig(model="llama-3.1-8b", hardware="b200").check()[2].weight_bytes / 1e9
