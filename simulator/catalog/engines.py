@@ -85,8 +85,12 @@ class EngineProfile:
     # engine (its fusions, its kernels in situ), on every device: elementwise, all_reduce, moe.
     scales: dict[str, float] = field(default_factory=dict)
     # Device id -> operator family -> the device's own speed (gemm, attention_decode), fitted on that
-    # device's runs; a device without runs keeps its curves.
+    # device's runs; a device without runs keeps its curves, unless it is listed in transfers.
     device_scales: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Device id -> the fitted device whose speeds it takes: a GPU of the same kernels (Hopper's
+    # H200 runs H100's), whose curves already carry its own peaks and bandwidth. Its answers stay
+    # unvalidated (simulator/fleet/costs.py cost_basis).
+    transfers: dict[str, str] = field(default_factory=dict)
     fitted_on: str = ""
     errors: dict = field(default_factory=dict)
     residuals: dict[str, list[float]] = field(default_factory=dict)  # metric -> log(measured / predicted)
@@ -104,6 +108,14 @@ class EngineProfile:
             return ()
         top = min(2 * max_num_seqs, self.graph_sizes[-1], max_num_batched_tokens)
         return tuple(s for s in self.graph_sizes if s <= top)
+
+    def speeds_on(self, device: str) -> dict[str, float]:
+        """Operator family -> speed on this device: the engine's own, then the device's fitted ones
+        or those it takes from the device it transfers from."""
+        own = self.device_scales.get(device)
+        if own is None:
+            own = self.device_scales.get(self.transfers.get(device, ""), {})
+        return {**self.scales, **own}
 
     def interval(self, metric: str, value: float) -> tuple[float, float] | None:
         """The 80 % interval around a predicted value from the cross-validated residuals of that
@@ -145,7 +157,7 @@ class EngineProfile:
                     "one_shot": collective(custom.one_shot), "two_shot": collective(custom.two_shot)},
                 "framework": self.framework, "request_s": self.request_s,
                 "output_delay_steps": self.output_delay_steps, "scales": self.scales,
-                "device_scales": self.device_scales,
+                "device_scales": self.device_scales, "transfers": self.transfers,
                 "fitted_on": self.fitted_on,
                 "errors": self.errors, "residuals": self.residuals, "sources": self.sources}
 
@@ -169,6 +181,7 @@ class EngineProfile:
                 output_delay_steps=float(raw.get("output_delay_steps", 0.0)),
                 scales={k: float(v) for k, v in raw.get("scales", {}).items()},
                 device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
+                transfers={str(d): str(s) for d, s in raw.get("transfers", {}).items()},
                 fitted_on=str(raw.get("fitted_on", "")),
                 errors=dict(raw.get("errors", {})),
                 residuals={k: [float(x) for x in v] for k, v in raw.get("residuals", {}).items()},

@@ -147,7 +147,7 @@ class CostModel:
             framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
                          **engine.framework}
         return self._changed(engine=engine, graph_sizes=graph_sizes, curves=curves, framework=framework,
-                             scales={**engine.scales, **engine.device_scales.get(self.accelerator.id, {})})
+                             scales=engine.speeds_on(self.accelerator.id))
 
     def with_curve(self, key: str, curve: EfficiencyCurve) -> "CostModel":
         return self._changed(curves={**self.curves, key: curve})

@@ -172,3 +172,16 @@ def test_decode_attention_compute_speed_slows_grouped_heads_more() -> None:
     for heads, kv_heads, slower in ((64, 8, True), (32, 32, False)):
         t = [cm.predict("attention_decode", 64, 2000, heads, kv_heads, 128, "bf16").time_s for cm in (fast, slow)]
         assert (t[1] > 1.5 * t[0]) is slower
+
+
+def test_a_device_of_the_same_kernels_takes_the_fitted_devices_speeds() -> None:
+    from simulator.catalog.engines import load_engine
+    from simulator.fleet.costs import EXTRAPOLATED, cost_basis, cost_model_for
+    from simulator.fleet.sim_config import SimConfig
+
+    vllm = load_engine("vllm-v0.15")
+    assert vllm.transfers["h200"] == "h100-sxm" and "h200" not in vllm.device_scales
+    assert vllm.speeds_on("h200") == vllm.speeds_on("h100-sxm") != vllm.speeds_on("a100-80gb")
+    h200 = cost_model_for(SimConfig(model="llama-3.1-8b", hardware="h200"))
+    assert h200.scales["gemm"] == vllm.device_scales["h100-sxm"]["gemm"]
+    assert cost_basis(SimConfig(model="llama-3.1-8b", hardware="h200")) == EXTRAPOLATED  # still no run behind it
