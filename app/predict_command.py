@@ -1,4 +1,6 @@
-"""`servecast predict`: one forward pass's time per operator, with where each number comes from."""
+"""`servecast predict`: one forward pass's time per operator, with where each number comes from, and
+the KV cache the server would have (simulator/cost/memory.py: vLLM's accounting, checked against
+its startup logs in docs/kv-capacity.md)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,17 @@ from app.common import fail, validation_message, wide_console
 from app.knob_options import Knobs, Options, takes
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import step_cost
-from simulator.fleet.knobs import EngineChoice, Parallelism, SchedulerLimits, Served
+from simulator.fleet.knobs import EngineChoice, KVCache, Parallelism, Precision, SchedulerLimits, Served
 
 
 # The knobs one forward pass's time depends on: what runs where, its sharding, the engine whose
 # additions it carries and that engine's limits (which CUDA-graph sizes it captures).
 KNOBS = (Options(Served), Options(Parallelism, only=("tp", "expert_parallel", "routing_skew")), Options(EngineChoice),
-         Options(SchedulerLimits, only=("max_num_seqs", "max_num_batched_tokens"),
-                 notes={"max_num_seqs": "the CUDA-graph sizes the server captures follow it",
-                        "max_num_batched_tokens": "likewise"}))
+         Options(SchedulerLimits, only=("max_num_seqs", "max_num_batched_tokens", "max_model_len"),
+                 notes={"max_num_seqs": "the CUDA-graph sizes the server captures follow it; and the KV cache",
+                        "max_num_batched_tokens": "likewise"}),
+         Options(Precision, only=("quant",), notes={"quant": "the weights' memory (the step is timed at --dtype)"}),
+         Options(KVCache, only=("kv_dtype", "gpu_memory_utilization", "block_size")))
 
 
 @takes(*KNOBS)
@@ -61,6 +65,7 @@ def predict_command(
         # The simulator's own step for this shape (its default block size: the engine's padded decodes).
         step = step_cost(cost_model, ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=parallel.expert_parallel,
                                                   routing_skew=parallel.routing_skew), chunks)
+        kv = kv_capacity(knobs, spec)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:
@@ -70,7 +75,8 @@ def predict_command(
               "step_time_s": step.total_s,
               "operators": {name: {"time_s": t, "provenance": step.provenance[name],
                                    "expected_error": step.expected_error[name]}
-                            for name, t in step.by_operator.items()}}
+                            for name, t in step.by_operator.items()},
+              "kv_cache": kv}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -82,3 +88,28 @@ def predict_command(
                       f"{op['expected_error']:.0%}")
     wide_console(100).print(table)
     Console().print(f"step time: {step.total_s * 1e3:.3f} ms")
+    if kv["error"]:
+        Console().print(f"KV cache: none ({kv['error']})", highlight=False)
+        return
+    Console().print(f"KV cache per GPU: {kv['available_gib']:.2f} GiB after {kv['weights_gib']:.2f} GiB of weights and "
+                    f"{kv['activations_gib'] + kv['reserve_gib']:.2f} GiB of activations and reserve: "
+                    f"{kv['tokens']:,} tokens ({kv['blocks']:,} blocks of {kv['block_size']}); "
+                    f"{kv['max_concurrency']:.2f} requests of {kv['max_model_len']:,} tokens at once", highlight=False)
+
+
+def kv_capacity(knobs, spec) -> dict:
+    """The replica's KV cache as the server would size it (SimConfig's memory plan), or why none fits."""
+    from simulator.fleet.sim_config import SimConfig
+
+    fields = {k: v for k, v in knobs.items() if k in SimConfig.model_fields and v is not None}
+    try:
+        config = SimConfig(**fields)
+        _, _, plan = config.check()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    longest = config.resolved_max_model_len(spec, plan)
+    gib = 2**30
+    return {"error": None, "available_gib": plan.kv_bytes / gib, "weights_gib": plan.weight_bytes / gib,
+            "activations_gib": plan.activation_bytes / gib, "reserve_gib": plan.reserve_bytes / gib,
+            "tokens": plan.kv_tokens, "blocks": plan.num_blocks, "block_size": plan.block_size,
+            "max_model_len": longest, "max_concurrency": plan.kv_tokens / longest}

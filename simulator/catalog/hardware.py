@@ -22,6 +22,9 @@ class Accelerator(BaseModel):
     name: str
     vendor: str
     memory_gb: float | None = Field(default=None, gt=0)
+    # The total CUDA reports (torch.cuda.mem_get_info), GiB: what a serving engine's
+    # gpu_memory_utilization is a share of. None: memory_gb.
+    visible_memory_gib: float | None = Field(default=None, gt=0)
     memory_bandwidth_gbps: float | None = Field(default=None, gt=0)
     peak_tflops: dict[str, float | None] = Field(default_factory=dict)
     interconnect_gbps: float | None = Field(default=None, gt=0)

@@ -3,12 +3,13 @@ KV-cache blocks that fit in the rest. No torch.
 
 Per GPU of a replica with tensor parallelism tp, pipeline parallelism pp and context parallelism cp:
 
-    usable      = memory x gpu_memory_utilization
+    usable      = memory x gpu_memory_utilization (memory: what CUDA reports where the catalog knows it)
     weights     = the largest pipeline stage's parameters / tp x bytes per weight (quantization scales included)
-    activations = a forward over max_num_batched_tokens tokens (hidden states, qkv, MLP, logits of
-                  the sampled rows), as vLLM's profiling run measures it
-    reserve     = runtime context, collective buffers and graph captures (RUNTIME_RESERVE_BYTES,
-                  + COLLECTIVE_RESERVE_BYTES under tp, pp or cp > 1), and a hybrid model's sliding
+    activations = a forward over max_num_batched_tokens tokens (hidden states, qkv, MLP, a MoE's
+                  expert caches, full-vocabulary logits of the sampled rows), as vLLM's profiling
+                  run measures it
+    reserve     = memory outside torch's tensors (RUNTIME_RESERVE_BYTES, + COLLECTIVE_RESERVE_BYTES
+                  under tp > 1, else STAGE_RESERVE_BYTES under pp or cp > 1), and a hybrid model's sliding
                   layers' windows for max_num_seqs sequences (its blocks then hold the full layers)
     kv          = usable - weights - activations - reserve  ->  blocks of block_size tokens
 
@@ -31,10 +32,20 @@ from simulator.catalog.models import ModelSpec
 from engine.policy.dtypes import DTYPE_BYTES, EXPERT_ONLY_WEIGHTS, WEIGHT_BYTES
 
 GB = 1e9
-# Bytes per cached K or V element; int8 / fp8 add an fp32 scale per token and head (head_dim elements).
-KV_SCALE_BYTES = {"fp8": 4, "int8": 4}
-RUNTIME_RESERVE_BYTES = 1.0 * GB
-COLLECTIVE_RESERVE_BYTES = 0.5 * GB
+GIB = 2**30
+MXFP4_ALIGN = 256
+# Bytes per cached K or V head and token beside its elements: int8 an fp32 scale (the servecast
+# engine's per-token scales). fp8 none: vLLM's fp8 KV cache has a scale per layer (its pages are
+# 2 x block x heads x head_dim bytes; its logs show twice bf16's tokens).
+KV_SCALE_BYTES = {"int8": 4}
+# Memory outside torch's tensors that a serving engine's profiling run counts against the KV cache
+# (vLLM: non_torch_increase): next to nothing on one GPU; under tensor parallelism its collectives'
+# buffers and workspaces. Fitted on vLLM startup logs (docs/kv-capacity.md: the figures, and the
+# leave-one-out check). CUDA graphs are captured after the KV cache is sized, in what
+# gpu_memory_utilization leaves (vLLM up to 0.19), so they take none of it.
+RUNTIME_RESERVE_BYTES = 0.06 * GIB
+COLLECTIVE_RESERVE_BYTES = 4.5 * GIB  # tp > 1
+STAGE_RESERVE_BYTES = 0.5 * GB  # pipeline or context parallelism alone: their sends' buffers (not fitted)
 
 
 class MemoryPlanError(ValueError):
@@ -91,7 +102,10 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: str, tp: int, pp: int) -> 
     if precision in EXPERT_ONLY_WEIGHTS:  # the routed experts narrow, the rest of each layer 16-bit
         experts = 3 * model.hidden_size * model.expert_intermediate_size * model.num_experts \
             * model.num_moe_layers / model.num_layers
-        return (layers_per_stage * (experts * per_weight + (per_layer - experts) * 2.0) + ends * 2.0) / tp
+        # vLLM's MXFP4 MoE kernels on Hopper pad the experts' hidden size to a multiple of 256
+        # (mxfp4_round_up_hidden_size_and_intermediate_size): gpt-oss's 2,880 is stored as 3,072.
+        padded = experts * -(-model.hidden_size // MXFP4_ALIGN) * MXFP4_ALIGN / model.hidden_size
+        return (layers_per_stage * (padded * per_weight + (per_layer - experts) * 2.0) + ends * 2.0) / tp
     return (layers_per_stage * per_layer * per_weight + ends * 2.0) / tp
 
 
@@ -103,7 +117,10 @@ def activation_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs
               if model.is_moe else 0)
     qkv = (model.q_size + 2 * model.kv_size) / tp
     per_token = (4 * h + qkv + 3 * ffn / tp) * 2.0  # 16-bit activations, live at once at the MLP
-    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size / tp * 4.0  # fp32 logits
+    if model.is_moe:  # the fused-MoE kernel's caches: each token's k rows in and out of its experts
+        per_token += model.experts_per_token * (h + 2 * model.expert_intermediate_size / tp) * 2.0
+    # fp32 logits of the sampled rows over the whole vocabulary (gathered from the TP shards)
+    logits = min(max_num_seqs, max_num_batched_tokens) * model.vocab_size * 4.0
     return max_num_batched_tokens * per_token + logits
 
 
@@ -145,7 +162,8 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
                         "one) and ") if accelerator.profiled else f"{accelerator.id} "
             raise MemoryPlanError(f"{profiled}has no memory size in the catalog: give --num-gpu-blocks N (the KV "
                                   "blocks to simulate) or memory_gb in a --hardware-file entry")
-        memory_bytes = accelerator.memory_gb * GB
+        memory_bytes = accelerator.memory_gb * GB if accelerator.visible_memory_gib is None \
+            else accelerator.visible_memory_gib * GIB
     usable = memory_bytes * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, weight_precision, tp, pp)
     if draft is not None:
@@ -154,7 +172,8 @@ def plan_memory(model: ModelSpec, accelerator: Accelerator, *, tp: int, pp: int,
         raise MemoryPlanError(_weights_do_not_fit(model, accelerator, weight_precision, tp, pp, usable, memory_bytes,
                                                gpu_memory_utilization))
     activations = activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
-    reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp * pp * cp > 1 else 0.0)
+    reserve = RUNTIME_RESERVE_BYTES + (COLLECTIVE_RESERVE_BYTES if tp > 1 else STAGE_RESERVE_BYTES if pp * cp > 1
+                                       else 0.0)
     reserve += sliding_kv_bytes(model, kv_dtype, tp, pp, block_size, max_num_seqs)
     kv = usable - weights - activations - reserve
     per_token = kv_bytes_per_token(model, kv_dtype, tp, pp, block_layers(model, pp))
