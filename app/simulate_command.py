@@ -66,6 +66,9 @@ def print_summary(summary) -> None:
                   "corrected by its cross-validated errors on real runs): " + ", ".join(
                       f"{k.replace('_s.', ' ')} {ms(summary.predicted.get(k))} ms ({ms(lo)}-{ms(hi)})"
                       for k, (lo, hi) in summary.intervals.items()))
+        if summary.extrapolated_across:
+            out.print("intervals widened: extrapolated across " + "; ".join(summary.extrapolated_across),
+                      highlight=False)
     t, c, u = summary.throughput, summary.cost, summary.utilization
     out.print(f"{summary.num_finished}/{summary.num_requests} requests finished "
               f"({summary.num_rejected} rejected) in {summary.duration_s:.1f} simulated s: "

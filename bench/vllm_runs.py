@@ -23,6 +23,21 @@ from calibrate.runs.tables import METRICS, read_runs
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
 
 
+def model_out_coverage(profile, replayed, metric: str, widen: float) -> tuple[int, int]:
+    """Of the unsaturated runs predicted with their model held out, how many measured values fall in
+    the profile's interval for that metric widened by `widen` (EngineProfile.interval)."""
+    inside = total = 0
+    for rep in replayed:
+        measured = rep.run.measured.get(metric)
+        if rep.run.saturated or measured is None:
+            continue
+        interval = profile.interval(metric, rep.predicted[metric], widen)
+        if interval is not None:
+            total += 1
+            inside += interval[0] <= measured <= interval[1]
+    return inside, total
+
+
 def table(result) -> None:
     print(f"{'run':28s} {'model':14s} tp {'workload':14s}  " + "  ".join(f"{m:>16s}" for m in METRICS)
           + "  saturated")
@@ -75,6 +90,16 @@ def main() -> None:
         inside, total = interval_coverage(result.leave_one_run_out, metric)
         if total:
             print(f"  {metric:10s} {inside}/{total} = {100 * inside / total:.0f} %")
+    if result.leave_one_model_out:
+        print("\n80 % intervals from the leave-one-run-out residuals, on the leave-one-model-out predictions "
+              "(an unseen model), at widenings of their spread about the median residual")
+        for metric in METRICS:
+            cells = []
+            for widen in (1.0, 1.25, 1.5, 1.75, 2.0):
+                inside, total = model_out_coverage(result.profile, result.leave_one_model_out, metric, widen)
+                if total:
+                    cells.append(f"x{widen:g}: {inside}/{total}")
+            print(f"  {metric:10s} " + "  ".join(cells))
     if args.write:
         path = ENGINES_DIR / f"{DEFAULT_GPU_ENGINE}.json"
         result.profile.save(path)

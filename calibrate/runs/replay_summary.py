@@ -106,7 +106,7 @@ def summarize(requests: pd.DataFrame, slos: dict[str, float], info: ReplayInfo) 
     return ReplaySummary(
         model=info.model, **{**figures.summary_fields(), **dict.fromkeys(UNOBSERVED)},
         prefix_cache_hit_rate=float(cached.sum() / prompt_tokens) if prompt_tokens and cached.notna().all() else None,
-        intervals={}, predicted={}, replay=section)
+        intervals={}, predicted={}, extrapolated_across=[], replay=section)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ class EngineProfile:
     # H200 runs H100's), whose curves already carry its own peaks and bandwidth. Its answers stay
     # unvalidated (simulator/fleet/costs.py cost_basis).
     transfers: dict[str, str] = field(default_factory=dict)
+    # What its runs span ("fitted": devices, models, tp, moe) and how much each dimension a
+    # configuration crosses beyond them widens its intervals ("widen"): simulator/fleet/extrapolation.py.
+    extrapolation: dict = field(default_factory=dict)
     fitted_on: str = ""
     errors: dict = field(default_factory=dict)
     residuals: dict[str, list[float]] = field(default_factory=dict)  # metric -> log(measured / predicted)
@@ -117,14 +120,22 @@ class EngineProfile:
             own = self.device_scales.get(self.transfers.get(device, ""), {})
         return {**self.scales, **own}
 
-    def interval(self, metric: str, value: float) -> tuple[float, float] | None:
+    def interval(self, metric: str, value: float, widen: float = 1.0) -> tuple[float, float] | None:
         """The 80 % interval around a predicted value from the cross-validated residuals of that
-        metric (None without residuals)."""
+        metric (None without residuals), its spread about the median residual times widen."""
         residuals = self.residuals.get(metric, [])
         if len(residuals) < 3 or not math.isfinite(value):
             return None
-        lo, hi = residual_quantile(residuals, INTERVAL)
+        lo, hi = (self._widened(residuals, q, widen) for q in INTERVAL)
         return value * math.exp(lo), value * math.exp(hi)
+
+    @staticmethod
+    def _widened(residuals, q: float, widen: float) -> float:
+        quantile = float(residual_quantile(residuals, q))
+        if widen == 1.0:
+            return quantile
+        middle = float(np.median(residuals))
+        return middle + widen * (quantile - middle)
 
     def bias(self, metric: str) -> float:
         """The factor that takes a simulated value of this metric to what real serving measures,
@@ -134,11 +145,11 @@ class EngineProfile:
         residuals = self.residuals.get(metric, [])
         return math.exp(float(np.median(residuals))) if len(residuals) >= 3 else 1.0
 
-    def top(self, metric: str) -> float:
-        """The factor from a simulated value to its 80 % interval's top: exp(upper quantile of the
-        residuals); 1 without residuals. The plan's slow end meets the SLOs at it."""
+    def top(self, metric: str, widen: float = 1.0) -> float:
+        """The factor from a simulated value to its 80 % interval's top (interval's widen too); 1
+        without residuals. The plan's slow end meets the SLOs at it."""
         residuals = self.residuals.get(metric, [])
-        return math.exp(float(residual_quantile(residuals, INTERVAL[1]))) if len(residuals) >= 3 else 1.0
+        return math.exp(self._widened(residuals, INTERVAL[1], widen)) if len(residuals) >= 3 else 1.0
 
     def has_residuals(self) -> bool:
         return any(len(r) >= 3 for r in self.residuals.values())
@@ -158,6 +169,7 @@ class EngineProfile:
                 "framework": self.framework, "request_s": self.request_s,
                 "output_delay_steps": self.output_delay_steps, "scales": self.scales,
                 "device_scales": self.device_scales, "transfers": self.transfers,
+                "extrapolation": self.extrapolation,
                 "fitted_on": self.fitted_on,
                 "errors": self.errors, "residuals": self.residuals, "sources": self.sources}
 
@@ -182,6 +194,7 @@ class EngineProfile:
                 scales={k: float(v) for k, v in raw.get("scales", {}).items()},
                 device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
                 transfers={str(d): str(s) for d, s in raw.get("transfers", {}).items()},
+                extrapolation=dict(raw.get("extrapolation", {})),
                 fitted_on=str(raw.get("fitted_on", "")),
                 errors=dict(raw.get("errors", {})),
                 residuals={k: [float(x) for x in v] for k, v in raw.get("residuals", {}).items()},

@@ -13,6 +13,7 @@ import pandas as pd
 from simulator.catalog.engines import residual_metric
 from simulator.cost.memory import MemoryPlan
 from simulator.cost.model import CostModel
+from simulator.fleet.extrapolation import Extrapolation, extrapolation
 from simulator.fleet.fleet import FleetRecord
 from simulator.fleet.metrics import served
 from simulator.fleet.sim_config import SimConfig
@@ -67,6 +68,9 @@ class RunSummary(Part):
     # The same figures predicted: simulated x the residuals' median (EngineProfile.bias), inside
     # their intervals; the distributions above are as simulated. Empty without residuals.
     predicted: dict[str, float]
+    # Where the configuration lies beyond the engine profile's fitted runs (simulator/fleet/extrapolation.py),
+    # in words: each widens the intervals. Empty inside them or without an engine profile.
+    extrapolated_across: list[str]
     speculation: Speculation | None  # None without speculative decoding
     # The host KV tier (kv_offload_gb); None without one.
     kv_offload: KvOffload | None
@@ -126,7 +130,8 @@ def summarize(config: SimConfig, accelerator, cost_model: CostModel, plan: Memor
         memory=Memory(**plan.to_dict()),
         cost_model=CostModelInfo("profile" if cost_model.profile is not None else "roofline x fitted efficiency",
                                  config.profile, cost_model.engine.id if cost_model.engine else None),
-        **prediction_fields(cost_model, figures),
+        **prediction_fields(cost_model, figures, extrapolation(
+            cost_model.engine, config.model, config.hardware, config.tp, config.model_spec().is_moe)),
         speculation=speculation_summary(config, record.speculation),
         kv_offload=offload_summary(config, plan, record.offload, prompt_tokens),
         disaggregation=disaggregation(duration) if disaggregation is not None else None,
@@ -139,19 +144,21 @@ INTERVAL_METRICS = {("ttft_s", "mean"): "ttft_mean", ("ttft_s", "p90"): "ttft_p9
                     ("e2e_s", "p99"): "e2e_p99"}
 
 
-def prediction_fields(cost_model: CostModel, figures) -> dict[str, dict]:
-    """The summary's `intervals` and `predicted` (figures: anything with the summary's distributions
-    as attributes: ttft_s, tpot_s, e2e_s): each figure with residuals, its 80 % interval and its
+def prediction_fields(cost_model: CostModel, figures, extrapolated: Extrapolation = Extrapolation()) -> dict:
+    """The summary's `intervals`, `predicted` and `extrapolated_across` (figures: anything with the
+    summary's distributions as attributes: ttft_s, tpot_s, e2e_s): each figure with residuals, its
+    80 % interval (widened for what the configuration crosses beyond the fitted runs) and its
     prediction (simulated x EngineProfile.bias, inside the interval)."""
     engine = cost_model.engine
     intervals, predicted = {}, {}
     for (name, stat), metric in INTERVAL_METRICS.items() if engine is not None else ():
         value = getattr(getattr(figures, name), stat)
-        interval = engine.interval(metric, value)
+        interval = engine.interval(metric, value, extrapolated.factor(metric))
         if interval is not None:
             intervals[f"{name}.{stat}"] = [interval[0], interval[1]]
             predicted[f"{name}.{stat}"] = value * engine.bias(metric)
-    return {"intervals": intervals, "predicted": predicted}
+    return {"intervals": intervals, "predicted": predicted,
+            "extrapolated_across": list(extrapolated.across) if intervals else []}
 
 
 def slo_factors(cost_model: CostModel | None, slos: Mapping[str, float]) -> dict[str, float]:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from simulator.catalog.engines import EngineProfile, residual_metric
 from simulator.cost.model import CostModel
 from simulator.fleet.costs import VALIDATED, cost_basis, cost_model_for
+from simulator.fleet.extrapolation import Extrapolation, extrapolation
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig, parse_pools
 from simulator.fleet.summary import RunSummary
@@ -128,6 +129,7 @@ class CandidateResult:
     # SLO metric and p99 (ttft_p99, tpot_p99, e2e_p99, ...) -> the engine profile's 80 % interval
     # [lo, hi] s (residual_metric: which residuals it comes from).
     intervals: dict | None = None
+    extrapolated_across: list | None = None  # beyond the engine profile's fitted runs, in words (widening intervals)
     slo_miss: float | None = None  # infeasible on SLOs: the worst SLO's measured / limit at the most replicas
     # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
     replicas_slow_end: int | None = None
@@ -168,16 +170,24 @@ def meets(summary: RunSummary) -> bool:
     return bool(summary.slo.all_met) and summary.num_rejected == 0
 
 
-def meets_at_top(summary: RunSummary, engine: EngineProfile) -> bool:
+def meets_at_top(summary: RunSummary, engine: EngineProfile, extrapolated: Extrapolation = Extrapolation()) -> bool:
     """Every SLO met at the top of its 80 % interval (simulated x EngineProfile.top): the slow end."""
     if summary.num_rejected or summary.stopped_early is not None:  # stopped: it missed even the centre
         return False
-    return within_at_top(summary.slo.simulated or summary.slo.measured, summary.slo.targets, engine)
+    return within_at_top(summary.slo.simulated or summary.slo.measured, summary.slo.targets, engine, extrapolated)
 
 
-def within_at_top(simulated: dict[str, float], limits: dict[str, float], engine: EngineProfile) -> bool:
-    """Each SLO's simulated value at the top of its 80 % interval within its limit."""
-    return all(simulated[k] * engine.top(residual_metric(k)) <= limit for k, limit in limits.items())
+def within_at_top(simulated: dict[str, float], limits: dict[str, float], engine: EngineProfile,
+                  extrapolated: Extrapolation = Extrapolation()) -> bool:
+    """Each SLO's simulated value at the top of its 80 % interval (widened as extrapolated) within its limit."""
+    return all(simulated[k] * engine.top(residual_metric(k), extrapolated.factor(residual_metric(k))) <= limit
+               for k, limit in limits.items())
+
+
+def extrapolated_for(spec: "PlanSpec", candidate: "Candidate", engine: EngineProfile | None) -> Extrapolation:
+    """What a candidate's answers extrapolate across beyond its engine profile's fitted runs."""
+    config = spec.config(candidate, 1)
+    return extrapolation(engine, spec.model, candidate.hardware, candidate.tp, config.model_spec().is_moe)
 
 
 def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0,
@@ -240,8 +250,11 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
     result.requests = summary.num_requests
     result.slo_measured = {k: v for k, v in summary.slo.measured.items() if k in spec.slo}
     if engine is not None:
+        extrapolated = extrapolated_for(spec, candidate, engine)
         result.intervals = {k: list(interval) for k, v in simulated.items()
-                            if (interval := engine.interval(residual_metric(k), v)) is not None}
+                            if (interval := engine.interval(residual_metric(k), v,
+                                                            extrapolated.factor(residual_metric(k)))) is not None}
+        result.extrapolated_across = list(extrapolated.across) if result.intervals else None
     return plan_extras(spec, result, run, cost_model, headroom, slow_end)
 
 
@@ -257,13 +270,14 @@ def plan_extras(spec: PlanSpec, result: CandidateResult, run: Simulate = run_sum
     engine = cost_model.engine
     if slow_end and engine is not None and engine.has_residuals():
         slow_runs: dict[int, bool] = {}
+        extrapolated = extrapolated_for(spec, candidate, engine)
 
         def holds_slow(n: int) -> bool:
             if n == replicas and result.slo_measured:  # the run the answer rests on says it: no new run
                 simulated = {k: v / engine.bias(residual_metric(k)) for k, v in result.slo_measured.items()}
-                return within_at_top(simulated, spec.slo, engine)
+                return within_at_top(simulated, spec.slo, engine, extrapolated)
             if n not in slow_runs:
-                slow_runs[n] = meets_at_top(run(spec.config(candidate, n), workload, cost_model), engine)
+                slow_runs[n] = meets_at_top(run(spec.config(candidate, n), workload, cost_model), engine, extrapolated)
                 result.simulations += 1
             return slow_runs[n]
         result.replicas_slow_end = fewest_replicas(holds_slow, replicas, spec.max_replicas)
