@@ -91,6 +91,22 @@ def test_predict_json_has_per_operator_provenance() -> None:
     assert a100["attention_prefill"]["provenance"] == "extrapolated"
 
 
+def test_predict_says_the_kv_cache_vllm_would_size() -> None:
+    args = ["predict", "--hardware", "h200", "--model", "llama-3.1-70b", "--tp", "4", "--gpu-memory-utilization",
+            "0.92", "--max-num-seqs", "1024", "--max-model-len", "8192"]
+    kv = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["kv_cache"]
+    # vLLM 0.13 logged 90.23 GiB and 1,182,608 tokens for Llama-3.3-70B so (docs/kv-capacity.md).
+    assert kv["available_gib"] == pytest.approx(90.23, rel=0.05) and kv["tokens"] == pytest.approx(1_182_608, rel=0.05)
+    assert kv["max_concurrency"] == pytest.approx(kv["tokens"] / 8192)
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0 and "KV cache per GPU" in text.output and "tokens" in text.output
+    fp8 = json.loads(runner.invoke(app, [*args, "--kv-dtype", "fp8", "--json"]).stdout)["kv_cache"]
+    assert fp8["tokens"] == pytest.approx(2 * kv["tokens"], rel=0.001)
+    none = json.loads(runner.invoke(app, ["predict", "--hardware", "l4", "--model", "llama-3.1-70b",
+                                          "--json"]).stdout)["kv_cache"]
+    assert none["error"] and "tp" in none["error"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--hardware", "h100-sxm", "--model", "gpt-9"], "unknown model"),
     (["--hardware", "warp", "--model", "llama-2-7b"], "unknown hardware"),
