@@ -183,6 +183,8 @@ def print_plan(document: dict) -> None:
             caveat = basis_caveat(best, document["validated_recommendation"][str(g)])
             if caveat:
                 out.print(f"[bold yellow]⚠ {caveat}[/]", highlight=False)
+            if best.get("extrapolated_across"):
+                out.print(f"intervals widened: extrapolated across {best['extrapolated_across']}", highlight=False)
         feasible = plan_words.cheapest_first(rows)
         if feasible:
             table = Table(title=f"traffic x{g:g}: fewest replicas meeting the SLOs, cheapest first")

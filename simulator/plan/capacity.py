@@ -129,7 +129,7 @@ class CandidateResult:
     # SLO metric and p99 (ttft_p99, tpot_p99, e2e_p99, ...) -> the engine profile's 80 % interval
     # [lo, hi] s (residual_metric: which residuals it comes from).
     intervals: dict | None = None
-    extrapolated_across: list | None = None  # beyond the engine profile's fitted runs, in words (widening intervals)
+    extrapolated_across: str | None = None  # beyond the engine profile's fitted runs, "; "-joined (widening intervals)
     slo_miss: float | None = None  # infeasible on SLOs: the worst SLO's measured / limit at the most replicas
     # Replicas needed if serving runs at the slow end of the engine profile's 80 % interval.
     replicas_slow_end: int | None = None
@@ -254,7 +254,7 @@ def plan_candidate(spec: PlanSpec, candidate: Candidate, rate_scale: float = 1.0
         result.intervals = {k: list(interval) for k, v in simulated.items()
                             if (interval := engine.interval(residual_metric(k), v,
                                                             extrapolated.factor(residual_metric(k)))) is not None}
-        result.extrapolated_across = list(extrapolated.across) if result.intervals else None
+        result.extrapolated_across = "; ".join(extrapolated.across) or None if result.intervals else None
     return plan_extras(spec, result, run, cost_model, headroom, slow_end)
 
 
