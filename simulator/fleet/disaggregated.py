@@ -30,11 +30,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import simpy
 
+from simulator.fleet.clients import ClientGate
 from simulator.fleet.fleet import FleetRecord, FleetSetup, fleet_record, ingress_s, make_replicas, reject_stuck
 from simulator.fleet.metrics import Recorder
 from simulator.fleet.replica import ArrivalClock, ArrivalsAnyTime
 from simulator.fleet.router import Router
 from simulator.fleet.summary_parts import Disaggregation, Pool, Transfer
+from simulator.workload.requests import Clients
 
 
 @dataclass
@@ -66,14 +68,17 @@ class _Finished:
 
 
 def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, requests: list,
-                           on_done: Callable[[int], None] | None = None) -> tuple[FleetRecord, dict]:
+                           on_done: Callable[[int], None] | None = None,
+                           clients: Clients | None = None) -> tuple[FleetRecord, dict]:
     """Simulate the two pools (SimConfig.pool_configs: the link is the prefill pool's
-    kv_transfer_gbps and kv_transfer_latency_s) on the requests in arrival order: the fleet's record
-    (every request's row from its decode replica, or its prefill replica for one-token requests)
-    and the pools' own figures (pool_figures' input)."""
+    kv_transfer_gbps and kv_transfer_latency_s) on the requests in arrival order (or sent by
+    closed-loop clients: simulator/fleet/clients.py): the fleet's record (every request's row from
+    its decode replica, or its prefill replica for one-token requests) and the pools' own figures
+    (pool_figures' input)."""
     env, recorder = simpy.Environment(), Recorder()
     ingress = ingress_s(decode.cost_model)
-    clock = ArrivalClock(requests[0].arrival_s + ingress)
+    gate = ClientGate(env, clients, requests, ingress) if clients is not None else None
+    clock = gate or ArrivalClock(requests[0].arrival_s + ingress)
     num_prefill, num_decode = prefill.config.replicas, decode.config.replicas
     prefill_replicas, prefill_timer = make_replicas(prefill, env, recorder, clock, list(range(num_prefill)))
     decode_replicas, decode_timer = make_replicas(decode, env, recorder, ArrivalsAnyTime(env),
@@ -137,8 +142,17 @@ def simulate_disaggregated(prefill: FleetSetup, decode: FleetSetup, requests: li
             originals[request.request_id] = request
             prefill_router.route(request).submit(replace(request, output_tokens=1))
 
-    env.process(arrivals())
+    def send(request) -> None:  # a closed-loop client's request, when the gate lets it go
+        originals[request.request_id] = request
+        prefill_router.route(request).submit(replace(request, output_tokens=1))
+
+    if gate is None:
+        env.process(arrivals())
+    else:
+        recorder.on_request_done = gate.done
+        env.process(gate.sends(send))
     env.run()
+    recorder.on_request_done = None
     recorder.on_progress(None)
     reject_stuck(prefill_replicas + decode_replicas, recorder)
     busy = {"prefill": sum(r.busy_s for r in prefill_replicas), "decode": sum(r.busy_s for r in decode_replicas)}

@@ -59,9 +59,6 @@ def simulate(config: SimConfig, workload: Workload, cost_model: CostModel | None
     if not len(workload):
         raise ValueError("the workload has no requests")
     if config.disaggregate is not None:
-        if workload.clients is not None:
-            raise ValueError("closed-loop clients (concurrency=) are not simulated with disaggregation yet: "
-                             "drop concurrency= from the trace, or disaggregate=")
         if timer is not None:
             raise ValueError("a fixed step timer times one pool: not a disaggregated fleet's two")
         return simulate_pools(config, workload, cost_model, progress, bulk_decodes, exact_block_keys)
@@ -119,7 +116,7 @@ def simulate_pools(config: SimConfig, workload: Workload, cost_model: CostModel 
     prefill = setup(prefill_config, decode.cost_model if prefill_config.hardware == decode_config.hardware else None)
     with cyclic_gc_paused():
         on_done = (lambda done: progress(done, len(workload))) if progress is not None else None
-        record, figures = simulate_disaggregated(prefill, decode, workload.requests, on_done)
+        record, figures = simulate_disaggregated(prefill, decode, workload.requests, on_done, workload.clients)
         if progress is not None:
             progress(len(workload), len(workload))
         requests = record.recorder.requests_frame()

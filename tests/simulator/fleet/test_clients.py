@@ -80,7 +80,10 @@ def test_more_clients_more_throughput_and_slower_tokens() -> None:
     assert high.summary.tpot_s.mean > low.summary.tpot_s.mean
 
 
-def test_disaggregation_refuses_closed_loop_clients_by_name() -> None:
+def test_a_disaggregated_fleet_serves_closed_loop_clients() -> None:
     config = SimConfig(**CONFIG, disaggregate="1:1")
-    with pytest.raises(ValueError, match="concurrency="):
-        simulate(config, load_workload("synthetic:num=10,concurrency=2"))
+    requests = simulate(config, load_workload("synthetic:num=60,input=uniform(50,400),output=uniform(1,80),"
+                                              "concurrency=6")).requests.sort_values("arrival_s")
+    assert len(requests) == 60 and in_flight_at_sends(requests).max() == 6
+    finishes = set(np.round(requests.finish_s.to_numpy(), 12))
+    assert all(t in finishes for t in np.round(requests.arrival_s.to_numpy()[6:], 12))
