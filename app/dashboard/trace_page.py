@@ -21,7 +21,13 @@ def main() -> None:
                           "shared_segments": [len(r.segments) for r in workload.requests]})
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("requests", f"{len(frame):,}")
-    c2.metric("mean rate (req/s)", f"{workload.rate_per_s:.2f}" if np.isfinite(workload.rate_per_s) else "all at once")
+    clients = workload.clients
+    c2.metric("mean rate (req/s)", f"{workload.rate_per_s:.2f}" if np.isfinite(workload.rate_per_s) else
+              f"{clients.concurrency} clients" if clients is not None else "all at once")
+    if clients is not None:
+        st.caption(f"Sent by {clients.concurrency} closed-loop clients, each sending its next request when its last "
+                   "finishes" + (f" and {clients.think_s:g} s have passed" if clients.think_s else "")
+                   + ": when they arrive depends on the fleet serving them (Explore simulates it).")
     c3.metric("mean prompt", f"{frame['prompt_tokens'].mean():,.0f} tokens")
     c4.metric("mean output", f"{frame['output_tokens'].mean():,.0f} tokens")
     start = frame["arrival_s"].min()

@@ -131,6 +131,17 @@ def test_explore_runs_a_disaggregated_fleet_and_describes_its_pools() -> None:
                                     for c in at.caption)
 
 
+def test_concurrent_clients_load_a_fleet_in_closed_loop() -> None:
+    at = page("explore_page.py")
+    open_loop = at.metric[1].value
+    at.radio(key="explore_load").set_value("concurrent clients").run()
+    at.number_input(key="explore_clients").set_value(48).run()
+    assert not at.exception and at.metric[1].value != open_loop
+    trace = page("trace_page.py")
+    trace.radio(key="trace_load").set_value("concurrent clients").run()
+    assert not trace.exception and "closed-loop clients" in trace.caption[0].value
+
+
 def test_compare_puts_two_fleets_side_by_side() -> None:
     at = page("compare_page.py")
     a_before, b_before = (at.dataframe[0].value[c].tolist() for c in ("Fleet A", "Fleet B"))
