@@ -13,6 +13,7 @@ host round trip per call). Writes JSON lines to --out. Prints and never fails on
 run (it is recorded with its error).
 
     python bench/gpu_kernels.py --out gpu-out/h200-kernels.jsonl
+    python bench/gpu_kernels.py --quick     # a smoke run (without CUDA it says so and exits 0)
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu-out/kernels.jsonl"))
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 calls per point")
     args = parser.parse_args()
+    if args.quick:
+        args.reps = 3
     if not torch.cuda.is_available():
         print("bench/gpu_kernels.py needs a CUDA GPU: torch sees none")
         return

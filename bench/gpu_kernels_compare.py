@@ -3,7 +3,7 @@ bf16 and fp8, decode attention. Prints each measured point's predicted / measure
 never passes or fails. Points under --floor-us are left out: a call from Python takes about 25 us,
 so shorter kernels time the launch, not the GPU.
 
-    python bench/gpu_kernels_compare.py docs/gpu-runs/h200-kernels.jsonl --hardware h200
+    python bench/gpu_kernels_compare.py [docs/gpu-runs/h200-kernels-2026-12-04.jsonl] [--hardware h200] [--quick]
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from pathlib import Path
 
 from simulator.cost.model import CostModel
 
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "gpu-runs" / "h200-kernels-2026-12-04.jsonl"
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kernels", type=Path)
+    parser.add_argument("kernels", type=Path, nargs="?", default=SHIPPED)
     parser.add_argument("--hardware", default="h200")
     parser.add_argument("--floor-us", type=float, default=40.0)
+    parser.add_argument("--quick", action="store_true", help="the same (it is quick): for bench/smoke.sh")
     args = parser.parse_args()
     rows = [json.loads(line) for line in args.kernels.read_text().splitlines() if line.strip()]
     model = CostModel.load(args.hardware)  # the catalog device alone: no serving engine's scales
