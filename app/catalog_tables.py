@@ -61,9 +61,12 @@ def engine_rows() -> list[dict]:
     rows = []
     for engine_id in engine_ids():
         e = load_engine(engine_id)
-        cv = e.errors.get("leave_one_run_out", {})
+        # A profile that inherits its fitted terms has no runs, errors or validated devices of its own.
+        own = not e.transferred_from
+        cv = e.errors.get("leave_one_run_out", {}) if own else {}
         rows.append({"engine": engine_id, "description": e.description or "kernel time alone",
-                     "fitted_on": e.fitted_on or None, "validated_on": sorted(e.device_scales) or None,
+                     "fitted_on": (e.fitted_on or None) if own else f"no runs of its own: {e.transferred_from}'s terms",
+                     "validated_on": (sorted(e.device_scales) or None) if own else None,
                      "e2e_mean_error_pct": cv.get("e2e_mean_mdape"), "ttft_p99_error_pct": cv.get("ttft_p99_mdape"),
                      "tpot_error_pct": cv.get("tpot_mdape")})
     return rows

@@ -59,8 +59,12 @@ def predict_command(
         from simulator.catalog.engines import load_engine
 
         device = load_cost_model(hardware, profile=served.profile, hardware_file=served.hardware_file)
+        from simulator.fleet.sim_config import engine_defaults
+
+        default = engine_defaults(dict(knobs.items()))  # the engine's limits for the GPU, where not given
         cost_model = device.with_engine(load_engine(knobs["engine"], knobs["engine_file"], device.accelerator.profiled),
-                                        limits.max_num_seqs, limits.max_num_batched_tokens)
+                                        limits.max_num_seqs or default["max_num_seqs"],
+                                        limits.max_num_batched_tokens or default["max_num_batched_tokens"], tp)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
         # The simulator's own step for this shape (its default block size: the engine's padded decodes).
         step = step_cost(cost_model, ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=parallel.expert_parallel,

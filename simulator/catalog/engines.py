@@ -11,7 +11,15 @@ A profile names
   sampled token reaches the client;
 - its operator families' speed relative to the shipped curves (its fusions, its kernels in situ),
   and per device with runs, that device's own GEMM and attention speed;
-- what it was fitted on, its cross-validated errors and residuals (for prediction intervals).
+- what it was fitted on, its cross-validated errors and residuals (for prediction intervals);
+- its version's own behaviour: whether host work overlaps the GPU (async scheduling), its
+  scheduler policy (engine/policy/policies.py), its default limits per GPU class
+  (engine_defaults.py), the versions it stands for.
+
+A profile may inherit another's ("inherits": its id) and replace some fields: what it takes
+unchanged has no runs of its own behind it, so it names the profile it transfers from and its
+intervals widen (simulator/fleet/extrapolation.py). A version without a file of its own
+(--engine vllm-v0.18) takes the profile whose "versions" span it, transferred the same way.
 
 `servecast` names this project's own engine: no additions (a profiled device's fit carries its
 host terms). Catalog GPUs default to DEFAULT_GPU_ENGINE.
@@ -19,12 +27,16 @@ host terms). Catalog GPUs default to DEFAULT_GPU_ENGINE.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
+from simulator.catalog.engine_defaults import LimitRule
 
 ENGINES_DIR = Path(__file__).with_name("engines")
 DEFAULT_GPU_ENGINE = "vllm-v0.15"
@@ -94,6 +106,15 @@ class EngineProfile:
     # What its runs span ("fitted": devices, models, tp, moe) and how much each dimension a
     # configuration crosses beyond them widens its intervals ("widen"): simulator/fleet/extrapolation.py.
     extrapolation: dict = field(default_factory=dict)
+    # Host work (scheduling, input preparation, output processing) that does not overlap the GPU's
+    # step: framework terms added to every step (FRAMEWORK_TERMS' names) where the engine schedules
+    # synchronously (vLLM before 0.14); the fitted terms of an asynchronous engine hold none of it.
+    async_scheduling: bool = True
+    host_not_overlapped: dict[str, float] = field(default_factory=dict)
+    scheduler_policy: str = "vllm"  # engine/policy/policies.py's registry
+    limits: tuple[LimitRule, ...] = ()  # its launcher's defaults per GPU class, first match
+    versions: tuple[str, str] = ("", "")  # the releases it stands for, first and last ("" open)
+    transferred_from: str = ""  # the profile whose fitted terms it takes without runs of its own
     fitted_on: str = ""
     errors: dict = field(default_factory=dict)
     residuals: dict[str, list[float]] = field(default_factory=dict)  # metric -> log(measured / predicted)
@@ -102,15 +123,23 @@ class EngineProfile:
     @property
     def adds_nothing(self) -> bool:
         return not (self.graph_sizes or self.nccl or self.custom_all_reduce or self.framework or self.request_s
-                    or self.scales or self.device_scales or self.output_delay_steps)
+                    or self.scales or self.device_scales or self.output_delay_steps or self.host_not_overlapped)
 
-    def graph_sizes_for(self, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    def graph_sizes_for(self, max_num_seqs: int, max_num_batched_tokens: int,
+                        graph_max: int | None = None) -> tuple[int, ...]:
         """The capture sizes a server of these limits captures: up to min(2 x max_num_seqs, the
-        profile's largest), never past max_num_batched_tokens (vLLM's default rule)."""
+        profile's largest), never past max_num_batched_tokens (vLLM's default rule); up to
+        graph_max where the engine's rule for the GPU gives one (SGLang's cuda_graph_max_bs)."""
         if not self.graph_sizes:
             return ()
-        top = min(2 * max_num_seqs, self.graph_sizes[-1], max_num_batched_tokens)
+        top = min(2 * max_num_seqs if graph_max is None else graph_max, self.graph_sizes[-1], max_num_batched_tokens)
         return tuple(s for s in self.graph_sizes if s <= top)
+
+    def covers(self, version: str) -> bool:
+        """Whether a release ("0.18", "0.18.1") lies in the versions this profile stands for."""
+        first, last = (_release(v) for v in self.versions)
+        release = _release(version)
+        return bool(release) and (not first or release >= first) and (not last or release[:len(last)] <= last)
 
     def speeds_on(self, device: str) -> dict[str, float]:
         """Operator family -> speed on this device: the engine's own, then the device's fitted ones
@@ -169,8 +198,10 @@ class EngineProfile:
                 "framework": self.framework, "request_s": self.request_s,
                 "output_delay_steps": self.output_delay_steps, "scales": self.scales,
                 "device_scales": self.device_scales, "transfers": self.transfers,
-                "extrapolation": self.extrapolation,
-                "fitted_on": self.fitted_on,
+                "extrapolation": self.extrapolation, "async_scheduling": self.async_scheduling,
+                "host_not_overlapped": self.host_not_overlapped, "scheduler_policy": self.scheduler_policy,
+                "limits": [rule.to_dict() for rule in self.limits], "versions": list(self.versions),
+                "transferred_from": self.transferred_from, "fitted_on": self.fitted_on,
                 "errors": self.errors, "residuals": self.residuals, "sources": self.sources}
 
     @classmethod
@@ -195,6 +226,12 @@ class EngineProfile:
                 device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
                 transfers={str(d): str(s) for d, s in raw.get("transfers", {}).items()},
                 extrapolation=dict(raw.get("extrapolation", {})),
+                async_scheduling=bool(raw.get("async_scheduling", True)),
+                host_not_overlapped={k: float(v) for k, v in raw.get("host_not_overlapped", {}).items()},
+                scheduler_policy=str(raw.get("scheduler_policy", "vllm")),
+                limits=tuple(LimitRule.from_dict(r) for r in raw.get("limits", [])),
+                versions=tuple(str(v) for v in raw.get("versions", ("", ""))),
+                transferred_from=str(raw.get("transferred_from", "")),
                 fitted_on=str(raw.get("fitted_on", "")),
                 errors=dict(raw.get("errors", {})),
                 residuals={k: [float(x) for x in v] for k, v in raw.get("residuals", {}).items()},
@@ -207,13 +244,65 @@ class EngineProfile:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """'0.15.1' -> (0, 15, 1); () for anything else."""
+    parts = version.strip().removeprefix("v").split(".")
+    return tuple(int(p) for p in parts) if version.strip() and all(p.isdigit() for p in parts) else ()
+
+
+_VERSIONED = re.compile(r"^([a-z]+)-v?(\d+(?:\.\d+){1,2})$")
+
+
 def engine_ids() -> list[str]:
     return sorted([OWN_ENGINE, *(p.stem for p in ENGINES_DIR.glob("*.json"))])
 
 
+@functools.lru_cache(maxsize=None)
+def _catalog_raw(name: str) -> dict:
+    """A catalog profile's fields, its parent's ("inherits") under its own: the sources and the
+    extrapolation's parts merged, the rest replaced. What it takes unchanged transfers from the
+    parent. Read once per process (the catalog does not change while it runs)."""
+    file = ENGINES_DIR / f"{name}.json"
+    raw = json.loads(file.read_text())
+    parent = raw.pop("inherits", None)
+    if parent is None:
+        return raw
+    if not (ENGINES_DIR / f"{parent}.json").is_file():
+        raise ValueError(f"{file} inherits {parent!r}, which is not a catalog engine: use one of {', '.join(engine_ids())}")
+    base = {k: v for k, v in _catalog_raw(parent).items() if k not in ("versions", "description")}
+    merged = {**base, **raw, "sources": {**base.get("sources", {}), **raw.get("sources", {})}}
+    extrapolation = {**base.get("extrapolation", {})}
+    for part, value in raw.get("extrapolation", {}).items():
+        extrapolation[part] = {**extrapolation.get(part, {}), **value} if isinstance(value, dict) else value
+    merged["extrapolation"] = extrapolation
+    merged.setdefault("transferred_from", base.get("transferred_from") or parent)
+    return merged
+
+
+def _versioned(name: str) -> EngineProfile | None:
+    """An engine release without a file of its own ("vllm-v0.18"): the catalog profile of that
+    engine whose versions span it, under the release's name, transferred from that profile."""
+    match = _VERSIONED.match(name)
+    if match is None:
+        return None
+    family, version = match.groups()
+    for other in engine_ids():
+        if other.startswith(family + "-") and other != name:
+            profile = EngineProfile.from_dict(_catalog_raw(other), other)
+            if profile.covers(version):
+                own = _VERSIONED.match(other)
+                same = own is not None and _release(own.group(2))[:2] == _release(version)[:2]  # 0.15.1 is v0.15
+                return replace(profile, id=name,
+                               transferred_from=profile.transferred_from or ("" if same else profile.id),
+                               description=f"{name}: {profile.id}'s profile, which spans it"
+                                           + ("" if same else " (no runs of its own)") + ". " + profile.description)
+    return None
+
+
 def load_engine(name: str | None = None, path: str | Path | None = None, profiled: bool = False) -> EngineProfile:
-    """A profile file (servecast calibrate --runs writes one), else a catalog engine profile by id,
-    else the default: servecast's own on a profiled device, DEFAULT_GPU_ENGINE on a catalog GPU."""
+    """A profile file (servecast calibrate --runs writes one), else a catalog engine profile by id
+    (or an engine release a catalog profile spans), else the default: servecast's own on a
+    profiled device, DEFAULT_GPU_ENGINE on a catalog GPU."""
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -227,6 +316,12 @@ def load_engine(name: str | None = None, path: str | Path | None = None, profile
     if name == OWN_ENGINE:
         return EngineProfile(OWN_ENGINE, "servecast's own engine: kernel time and the device profile's fitted terms")
     file = ENGINES_DIR / f"{name}.json"
-    if not file.is_file():
-        raise ValueError(f"unknown engine {name!r}: use one of {', '.join(engine_ids())} or --engine-file")
-    return EngineProfile.from_dict(json.loads(file.read_text()), str(file))
+    if file.is_file():
+        return EngineProfile.from_dict(_catalog_raw(name), str(file))
+    profile = _versioned(name)
+    if profile is None:
+        spans = "; ".join(f"{e} {'-'.join(v or '...' for v in load_engine(e).versions)}" for e in engine_ids()
+                          if e != OWN_ENGINE)
+        raise ValueError(f"unknown engine {name!r}: use one of {', '.join(engine_ids())}, a release they span "
+                         f"({spans}), or --engine-file")
+    return profile

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.policy.dtypes import canonical_dtype
 
 CATALOG_FILE = Path(__file__).with_name("hardware.yaml")
+GB = 1e9  # the catalog's memory sizes are decimal GB
+GIB = 2**30  # what CUDA reports
 
 
 class Accelerator(BaseModel):

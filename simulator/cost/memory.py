@@ -27,12 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.catalog.hardware import Accelerator
+from simulator.catalog.hardware import GB, GIB, Accelerator  # noqa: F401 (GB, GIB imported from here too)
 from simulator.catalog.models import ModelSpec
 from engine.policy.dtypes import DTYPE_BYTES, EXPERT_ONLY_WEIGHTS, WEIGHT_BYTES
 
-GB = 1e9
-GIB = 2**30
 MXFP4_ALIGN = 256
 # Bytes per cached K or V head and token beside its elements: int8 an fp32 scale (the servecast
 # engine's per-token scales). fp8 none: vLLM's fp8 KV cache has a scale per layer (its pages are

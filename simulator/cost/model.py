@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine.policy.dtypes import canonical_dtype
+from simulator.catalog.engine_defaults import rule_for
 from simulator.catalog.engines import EngineProfile
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.cost import operators
@@ -135,17 +136,24 @@ class CostModel:
         """This device's model with the curves and framework terms fitted on it."""
         return self._changed(curves={**self.curves, **fitted.curves}, framework=dict(fitted.framework))
 
-    def with_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int) -> "CostModel":
+    def with_engine(self, engine: EngineProfile, max_num_seqs: int, max_num_batched_tokens: int,
+                    tp: int = 1) -> "CostModel":
         """The device's model under a serving engine (simulator/catalog/engines.py): CUDA graphs
         (token counts padded to the capture sizes; no per-kernel launch term t0, which a graph
         replay does not pay and a GPU-bound eager step hides), its all-reduces
-        (operators.all_reduce), host terms and speeds."""
-        graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens)
+        (operators.all_reduce), host terms (those a synchronous engine does not overlap added to
+        the fitted ones) and speeds."""
+        rule = rule_for(engine.limits, self.accelerator)
+        graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens,
+                                             rule.graph_limit(tp) if rule is not None else None)
         curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()} if graph_sizes else self.curves
         framework = self.framework
-        if engine.framework:
+        if engine.framework or engine.host_not_overlapped:
             framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
                          **engine.framework}
+            if not engine.async_scheduling:
+                for term, value in engine.host_not_overlapped.items():
+                    framework[term] = framework.get(term, 0.0) + value
         return self._changed(engine=engine, graph_sizes=graph_sizes, curves=curves, framework=framework,
                              scales=engine.speeds_on(self.accelerator.id))
 

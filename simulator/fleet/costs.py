@@ -19,7 +19,8 @@ def cost_model_for(config: SimConfig, device: CostModel | None = None,
         device = CostModel.load(config.hardware, profile=config.profile, hardware_file=config.hardware_file)
     if device.engine is not None and engine is None:
         return device
-    return device.with_engine(engine or config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens)
+    return device.with_engine(engine or config.engine_profile(), config.max_num_seqs, config.max_num_batched_tokens,
+                             config.tp)
 
 
 # How far a configuration's step costs rest on measurements of its own accelerator (cost_basis).

@@ -6,7 +6,7 @@ the fitted ones (in-distribution they cover 82-88 %). Runs of other campaigns mi
 way a configuration differs from the fitted runs widens the interval's spread about its median
 residual by that dimension's factor (EngineProfile.extrapolation["widen"]), and the factors of the
 dimensions crossed multiply. Every answer says which it crossed. docs/fidelity.md says where each
-factor comes from.
+factor comes from (the engine version's is an assumption: no runs of another version were found).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def extrapolation(engine: EngineProfile | None, model: str, hardware: str, tp: i
         return Extrapolation()
     fitted, widen = engine.extrapolation.get("fitted", {}), engine.extrapolation.get("widen", {})
     crossed: list[tuple[str, str]] = []
+    if engine.transferred_from:
+        crossed.append(("engine", f"{engine.id} (no runs of its own: {engine.transferred_from}'s fitted terms)"))
     if hardware not in fitted.get("devices", ()):
         borrowed = engine.transfers.get(hardware)
         crossed.append(("device", f"{hardware} (no runs: {borrowed}'s fitted speeds)" if borrowed else

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import simpy
 
 from engine.policy.config import CacheConfig, SchedulerConfig
-from engine.policy.scheduler import Scheduler
+from engine.policy.policies import scheduler_class
 from simulator.catalog.models import ModelSpec
 from simulator.cost.memory import GB, MemoryPlan
 from simulator.cost.model import CostModel
@@ -105,12 +105,14 @@ def make_replicas(fleet: FleetSetup, env: simpy.Environment, recorder: Recorder,
             raise ValueError("kv_offload_gb needs the simulator's exact block keys (exact_block_keys=True)")
         pool_class = tiered_pool_class(config, plan, fleet.cost_model)
 
+    policy = scheduler_class(cost_model.engine.scheduler_policy if cost_model.engine is not None else "vllm")
+
     def make_scheduler():
         if config.scheduler == "static":
             return StaticBatchScheduler(scheduler_config, cache_config)
         if pool_class is not None:
-            return Scheduler(scheduler_config, cache_config, block_manager_class=pool_class)
-        return Scheduler(scheduler_config, cache_config)
+            return policy(scheduler_config, cache_config, block_manager_class=pool_class)
+        return policy(scheduler_config, cache_config)
 
     if timer is None:
         timer = StepTimer(cost_model, replica_shape(config, model))

@@ -135,8 +135,9 @@ class KVCache(Group):
 
     block_size: int = knob(16, "tokens per KV-cache block", ge=1, le=1024)
     kv_dtype: KVDtype = knob("auto", "KV-cache precision (auto: bf16, fp32 where GEMMs compute in fp32)")
-    gpu_memory_utilization: float = knob(0.9, "share of each GPU's memory for weights, activations and the KV "
-                                              "cache", gt=0.0, le=1.0)
+    # None: the serving engine's default (simulator/catalog/engine_defaults.py), resolved by SimConfig.
+    gpu_memory_utilization: float | None = knob(None, "share of each GPU's memory for weights, activations and the "
+                                                     "KV cache (default: the engine's, vLLM's 0.9)", gt=0.0, le=1.0)
     num_gpu_blocks: int | None = knob(None, "KV blocks per replica instead of planning memory", ge=1)
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of prompt prefixes already cached",
                                        flag="prefix-caching")
@@ -145,8 +146,14 @@ class KVCache(Group):
 class SchedulerLimits(Group):
     """What one step may hold, and how requests are batched."""
 
-    max_num_seqs: int = knob(256, "requests running at once per replica, at most", ge=1)
-    max_num_batched_tokens: int = knob(8192, "tokens per step, at most (the token budget)", ge=1)
+    # None: the serving engine's default for the GPU (simulator/catalog/engine_defaults.py), resolved
+    # by SimConfig, so a configuration always holds numbers.
+    max_num_seqs: int | None = knob(None, "requests running at once per replica, at most (default: the engine's for "
+                                          "the GPU: vLLM 1024 on 70+ GiB GPUs, 256 on A100 and smaller; 256 on "
+                                          "profiled devices)", ge=1)
+    max_num_batched_tokens: int | None = knob(None, "tokens per step, at most (the token budget; default: the "
+                                                    "engine's for the GPU: vLLM 8192 on 70+ GiB GPUs, 2048 on A100 "
+                                                    "and smaller; 8192 on profiled devices)", ge=1)
     max_model_len: int | None = knob(None, "prompt + output tokens per request, at most (default: the model's "
                                            "context, capped at what the KV cache holds)", ge=2)
     enable_chunked_prefill: bool = knob(True, "split long prompts over steps to fit the token budget",
@@ -195,9 +202,11 @@ class EngineChoice(Group):
     """The serving engine whose additions the step times carry (simulator/catalog/engines.py)."""
 
     deployment: ClassVar[bool] = False  # what calibration fits
-    engine: str | None = knob(None, "serving engine whose overheads the step times carry: vllm-v0.15 (the default "
-                                    "on catalog GPUs) or servecast (this project's engine; the default on profiled "
-                                    "devices)", replayed=False)
+    engine: str | None = knob(None, "serving engine whose overheads, scheduling and default limits the step times "
+                                    "carry: vllm-v0.15 (fitted on real runs; the default on catalog GPUs), "
+                                    "vllm-v0.12 (synchronous scheduling), vllm-v0.34, sglang-0.5 (prefill-first), "
+                                    "a release they span (vllm-v0.18, sglang-0.5.6), or servecast (this project's "
+                                    "engine; the default on profiled devices)", replayed=False)
     engine_file: str | None = knob(None, "an engine profile fitted on your own runs (servecast calibrate --runs)",
                                    path=True, replayed=False)
 

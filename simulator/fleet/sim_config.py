@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 
-from pydantic import ValidationError, model_validator
+from pydantic import PrivateAttr, ValidationError, model_validator
 
 from engine.policy.config import check_chunked_prefill
 from engine.policy.dtypes import EXPERT_ONLY_WEIGHTS
+from simulator.catalog.engine_defaults import DEFAULTED, PLAIN, defaults_for
 from simulator.catalog.engines import EngineProfile, load_engine
 from simulator.catalog.hardware import Accelerator, get_accelerator
 from simulator.catalog.models import ModelSpec, load_model
@@ -30,6 +31,18 @@ def parse_pools(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def engine_defaults(fields: dict) -> dict:
+    """DEFAULTED's values for a configuration's fields (hardware, engine): its serving engine's
+    launcher's for the GPU; PLAIN's where either does not resolve (check() then says why)."""
+    try:
+        accelerator = get_accelerator(fields["hardware"], fields.get("hardware_file"))
+        named = fields.get("engine") is not None or fields.get("engine_file") is not None
+        engine = load_engine(fields.get("engine"), fields.get("engine_file"), profiled=not named and accelerator.profiled)
+    except (KeyError, TypeError, ValueError, OSError):
+        return dict(PLAIN)
+    return defaults_for(engine.limits, accelerator)
+
+
 def validation_items(exc: ValidationError) -> list[tuple[str, str]]:
     """A SimConfig error as (field path, message) pairs, pydantic's "Value error, " prefix dropped
     (the field path is empty for the config as a whole)."""
@@ -41,7 +54,20 @@ def validation_items(exc: ValidationError) -> list[tuple[str, str]]:
 class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings, SchedulerLimits, KVCache,
                 Precision, Fleet, Parallelism, Served):
     """One simulation's configuration: every group's fields, flat (`SimConfig(tp=4)`, `config.tp`),
-    checked together here (`_consistent`) and against the model and hardware by `check()`."""
+    checked together here (`_consistent`) and against the model and hardware by `check()`. The
+    limits left unset take the serving engine's defaults for the GPU (`_engine_defaults`)."""
+
+    _defaulted: frozenset[str] = PrivateAttr(default=frozenset())  # the fields engine_defaults filled
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_defaults(cls, data, handler):
+        missing = frozenset(k for k in DEFAULTED if data.get(k) is None) if isinstance(data, dict) else frozenset()
+        if missing:
+            data = {**data, **{k: v for k, v in engine_defaults(data).items() if k in missing}}
+        config = handler(data)
+        config._defaulted = missing
+        return config
 
     @model_validator(mode="after")
     def _consistent(self) -> "SimConfig":
@@ -182,6 +208,7 @@ class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings
                "quant": self.prefill_quant or self.quant, "cp": self.prefill_cp or self.cp}
         if own["hardware"] != self.hardware:
             own["profile"] = None  # a profile times its own device
+            own.update({k: v for k, v in engine_defaults({**self.model_dump(), **own}).items() if k in self._defaulted})
         return (self.model_copy(update={**plain, **own, "replicas": prefill}),
                 self.model_copy(update={**plain, "replicas": decode}))
 

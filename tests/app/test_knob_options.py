@@ -81,9 +81,10 @@ def test_a_field_added_to_a_group_is_an_option_of_a_command_that_takes_the_group
 
 
 def test_the_engine_commands_keep_their_own_defaults_for_the_shared_knobs() -> None:
-    for command, seqs, tokens, blocks in (("simulate", 256, 8192, None), ("validate", 32, 256, 512),
+    # None: the serving engine's default for the GPU, resolved by SimConfig (engine_defaults.py).
+    for command, seqs, tokens, blocks in (("simulate", None, None, None), ("validate", 32, 256, 512),
                                           ("serve", 64, 512, None), ("generate", 64, 512, None),
-                                          ("predict", 256, 8192, ...), ("plan", 256, 8192, None)):
+                                          ("predict", None, None, ...), ("plan", None, None, None)):
         options = options_of(command)
         assert (options["--max-num-seqs"].default, options["--max-num-batched-tokens"].default) == (seqs, tokens)
         if blocks is not ...:

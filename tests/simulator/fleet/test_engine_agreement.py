@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from engine import EngineConfig, LLMEngine
 from engine.policy.sampling_params import SamplingParams
+from engine.policy.policies import SCHEDULER_POLICIES
 from engine.policy.scheduler import Scheduler
-from simulator.fleet import fleet as sim_run
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
@@ -48,7 +48,7 @@ def test_scheduler_decisions_equal_the_engines(monkeypatch) -> None:
             sim_steps.append(out)
             return out
 
-    monkeypatch.setattr(sim_run, "Scheduler", Recording)
+    monkeypatch.setitem(SCHEDULER_POLICIES, "vllm", Recording)  # the policy vllm-v0.15 names
     sim_config = SimConfig(model="llama-3.1-8b", hardware="h100-sxm", block_size=BLOCK, num_gpu_blocks=BLOCKS,
                            max_num_seqs=SEQS, max_num_batched_tokens=BUDGET, max_model_len=64)
     # One scheduler call per step (bulk decode runs skip calls; test_steady_decode shows they change nothing).

@@ -155,7 +155,8 @@ def test_memory_plan_names_the_fix_when_the_model_does_not_fit() -> None:
     assert int4.num_blocks > plan.num_blocks and kv8.num_blocks > 1.9 * plan.num_blocks
     # Weights that fit with no room for one request's KV: the count and its unit agree.
     with pytest.raises(ValueError, match=r"l40s .*: 0 KV blocks, fewer than the 1 block one 16-token request needs"):
-        SimConfig(model="llama-3.1-8b", hardware="l40s", gpu_memory_utilization=0.35).check()
+        SimConfig(model="llama-3.1-8b", hardware="l40s", gpu_memory_utilization=0.35,
+                  max_num_batched_tokens=8192).check()
 
 
 @pytest.mark.parametrize("field, value, message", [
