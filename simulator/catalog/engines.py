@@ -39,6 +39,8 @@ import numpy as np
 from simulator.catalog.engine_defaults import LimitRule
 
 ENGINES_DIR = Path(__file__).with_name("engines")
+# The operator families of the cost model (CostModel.modeled's), each with a memory and an arithmetic speed.
+SCALED_FAMILIES = ("gemm", "moe", "attention_prefill", "attention_decode", "elementwise", "kv_write", "sample")
 DEFAULT_GPU_ENGINE = "vllm-v0.15"
 OWN_ENGINE = "servecast"
 # The quantiles of the cross-validated residuals an interval spans (an 80 % interval).
@@ -103,6 +105,11 @@ class EngineProfile:
     # H200 runs H100's), whose curves already carry its own peaks and bandwidth. Its answers stay
     # unvalidated (simulator/fleet/costs.py cost_basis).
     transfers: dict[str, str] = field(default_factory=dict)
+    # Device id -> {"from": a fitted device, "bandwidth": b, "compute": c}: a GPU of other kernels
+    # (ROCm's on an MI300X) that takes the fitted device's speeds times the ratio of the two devices'
+    # published achieved fractions of peak, b on every memory side and c on every arithmetic side
+    # (a memory-side "speed" divides the bandwidth the curve sees: sources.Modeled).
+    scaled_devices: dict[str, dict] = field(default_factory=dict)
     # What its runs span ("fitted": devices, models, tp, moe) and how much each dimension a
     # configuration crosses beyond them widens its intervals ("widen"): simulator/fleet/extrapolation.py.
     extrapolation: dict = field(default_factory=dict)
@@ -145,6 +152,14 @@ class EngineProfile:
         """Operator family -> speed on this device: the engine's own, then the device's fitted ones
         or those it takes from the device it transfers from."""
         own = self.device_scales.get(device)
+        scaled = self.scaled_devices.get(device) if own is None else None
+        if scaled is not None:
+            base = {**self.scales, **self.device_scales.get(scaled["from"], {})}
+            speeds = {k: v for k, v in base.items() if k == "all_reduce"}  # the fabric's, not the kernels'
+            for family in SCALED_FAMILIES:
+                speeds[family] = base.get(family, 1.0) / scaled["bandwidth"]  # divides the bandwidth (sources.Modeled)
+                speeds[f"{family}_compute"] = base.get(f"{family}_compute", 1.0) * scaled["compute"]
+            return speeds
         if own is None:
             own = self.device_scales.get(self.transfers.get(device, ""), {})
         return {**self.scales, **own}
@@ -198,6 +213,7 @@ class EngineProfile:
                 "framework": self.framework, "request_s": self.request_s,
                 "output_delay_steps": self.output_delay_steps, "scales": self.scales,
                 "device_scales": self.device_scales, "transfers": self.transfers,
+                "scaled_devices": self.scaled_devices,
                 "extrapolation": self.extrapolation, "async_scheduling": self.async_scheduling,
                 "host_not_overlapped": self.host_not_overlapped, "scheduler_policy": self.scheduler_policy,
                 "limits": [rule.to_dict() for rule in self.limits], "versions": list(self.versions),
@@ -225,6 +241,9 @@ class EngineProfile:
                 scales={k: float(v) for k, v in raw.get("scales", {}).items()},
                 device_scales={d: {k: float(v) for k, v in f.items()} for d, f in raw.get("device_scales", {}).items()},
                 transfers={str(d): str(s) for d, s in raw.get("transfers", {}).items()},
+                scaled_devices={str(d): {"from": str(v["from"]), "bandwidth": float(v["bandwidth"]),
+                                         "compute": float(v["compute"])}
+                                for d, v in raw.get("scaled_devices", {}).items()},
                 extrapolation=dict(raw.get("extrapolation", {})),
                 async_scheduling=bool(raw.get("async_scheduling", True)),
                 host_not_overlapped={k: float(v) for k, v in raw.get("host_not_overlapped", {}).items()},

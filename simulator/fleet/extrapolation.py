@@ -34,9 +34,10 @@ def extrapolation(engine: EngineProfile | None, model: str, hardware: str, tp: i
     if engine.transferred_from:
         crossed.append(("engine", f"{engine.id} (no runs of its own: {engine.transferred_from}'s fitted terms)"))
     if hardware not in fitted.get("devices", ()):
-        borrowed = engine.transfers.get(hardware)
+        borrowed, scaled = engine.transfers.get(hardware), engine.scaled_devices.get(hardware)
         crossed.append(("device", f"{hardware} (no runs: {borrowed}'s fitted speeds)" if borrowed else
-                        f"{hardware} (no runs: its curves at catalog peaks)"))
+                        f"{hardware} (no runs: {scaled['from']}'s fitted speeds scaled by published achieved "
+                        f"bandwidth and compute)" if scaled else f"{hardware} (no runs: its curves at catalog peaks)"))
     if model not in fitted.get("models", ()):
         crossed.append(("model", f"{model} (not among the fitted models)"))
     if tp not in fitted.get("tp", ()):

@@ -18,6 +18,8 @@ from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
 from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import step_cost
+from simulator.cost.types import Chunk
+from simulator.catalog.models import load_model
 
 
 def engine_model(hardware: str = "h100-sxm", engine: EngineProfile | None = None, max_num_seqs: int = 128,
@@ -185,3 +187,23 @@ def test_a_device_of_the_same_kernels_takes_the_fitted_devices_speeds() -> None:
     h200 = cost_model_for(SimConfig(model="llama-3.1-8b", hardware="h200"))
     assert h200.scales["gemm"] == vllm.device_scales["h100-sxm"]["gemm"]
     assert cost_basis(SimConfig(model="llama-3.1-8b", hardware="h200")) == EXTRAPOLATED  # still no run behind it
+
+
+def test_a_device_of_other_kernels_takes_the_fitted_speeds_times_published_ratios() -> None:
+    from simulator.catalog.engines import load_engine
+
+    vllm = load_engine("vllm-v0.15")
+    ratio, h100 = vllm.scaled_devices["mi300x"], vllm.speeds_on("h100-sxm")
+    mi300x = vllm.speeds_on("mi300x")
+    assert mi300x["gemm"] == pytest.approx(h100["gemm"] / ratio["bandwidth"])  # divides the bandwidth seen
+    assert mi300x["gemm_compute"] == pytest.approx(ratio["compute"]) and mi300x["all_reduce"] == h100["all_reduce"]
+    # A compute-bound prefill slows by about the compute ratio.
+    plain, engine = CostModel.load("mi300x"), CostModel.load("mi300x").with_engine(vllm, 128, 8192)
+    spec = ReplicaShape(load_model("llama-3.1-8b"))
+    prefill = step_cost(engine, spec, [Chunk(4096, 4096)]).by_operator
+    raw = step_cost(plain, spec, [Chunk(4096, 4096)]).by_operator
+    gemms = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert gemms and all(prefill[g] > 1.5 * raw[g] for g in gemms)
+    assert "curves at catalog peaks" not in " ".join(
+        simulate(SimConfig(model="llama-3.1-8b", hardware="mi300x"), load_workload("synthetic:num=5,input=100,output=5,rate=1"))
+        .summary.extrapolated_across)
