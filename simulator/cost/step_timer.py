@@ -63,7 +63,11 @@ class StepTimer:
         # (source, op) of each token / head operator, in the recipe's order.
         self._token_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.token_ops]
         self._head_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.head_ops]
-        self._attention = (recipe.heads, recipe.kv_heads, model.head_dim, recipe.dtype)
+        # On a catalog GPU decode attention reads the cache in its own precision (FlashAttention 3 reads
+        # an FP8 cache as FP8; an FP8 model's bf16 cache as bf16). A profiled device times its own
+        # kernels in the compute dtype (and the dequantization apart, below).
+        cache = shape.kv_dtype if shape.kv_dtype in ("bf16", "fp16", "fp8") and cost_model.profile is None else None
+        self._attention = (recipe.heads, recipe.kv_heads, model.head_dim, cache or recipe.dtype)
         # Sliding layers attend their window (a chunk: and itself); a batch's, min(keys, batch x window).
         self._window = model.sliding_window if model.num_sliding_layers else None
         self._sliding_layers = model.num_sliding_layers

@@ -95,3 +95,18 @@ def test_predict_prints_the_simulators_step(args) -> None:
     shape = ReplicaShape(config.model_spec(), tp=config.tp, expert_parallel=config.expert_parallel)
     simulated = StepTimer(cost_model_for(config), shape).step(scheduled(chunks))
     assert printed["step_time_s"] == pytest.approx(simulated, rel=1e-12)
+
+
+def test_decode_attention_reads_the_cache_in_its_own_precision_on_a_catalog_gpu() -> None:
+    """An FP8 model keeps a bf16 cache by default (vLLM's --kv-cache-dtype auto): its decode
+    attention reads bf16 bytes; an FP8 cache is read as FP8, in about half the time."""
+    vllm = cost_model_for(SimConfig(model="llama-3.1-8b", hardware="h100-sxm"))
+    llama8 = load_model("llama-3.1-8b")
+    decodes = [Chunk(1, 8000)] * 32
+
+    def attention(**shape) -> float:
+        return step_cost(vllm, ReplicaShape(llama8, **shape), decodes).by_operator["attention_decode"]
+
+    bf16 = attention(dtype="bf16", kv_dtype="bf16")
+    assert attention(dtype="fp8", kv_dtype="bf16") == pytest.approx(bf16, rel=0.05)
+    assert 0.4 * bf16 < attention(dtype="fp8", kv_dtype="fp8") < 0.7 * bf16
