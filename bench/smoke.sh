@@ -18,7 +18,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export TMPDIR=$TMP
 
-SCRIPTS=(linear_backends.py sim_speed.py plan_speed.py mlperf_check.py app_responsiveness.py cost_model_heldout.py vllm_runs.py
+SCRIPTS=(linear_backends.py sim_speed.py plan_speed.py mlperf_check.py app_responsiveness.py cost_model_heldout.py vllm_runs.py closed_loop_check.py
          cross_device.py disaggregation.py serve_overhead.py serve_closed_loop.py engine_throughput.py tensor_parallel.py context_parallel.py spec_decode.py quant.py gpu_quant.py gpu_checks.sh
          gpu_kernels.py gpu_kernels_compare.py)
 TAKES_SHARED=" sim_speed.py mlperf_check.py app_responsiveness.py cost_model_heldout.py vllm_runs.py "

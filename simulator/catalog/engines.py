@@ -294,7 +294,7 @@ def _catalog_raw(name: str) -> dict:
     for part, value in raw.get("extrapolation", {}).items():
         extrapolation[part] = {**extrapolation.get(part, {}), **value} if isinstance(value, dict) else value
     merged["extrapolation"] = extrapolation
-    merged.setdefault("transferred_from", base.get("transferred_from") or parent)
+    merged["transferred_from"] = merged.get("transferred_from") or base.get("transferred_from") or parent
     return merged
 
 
