@@ -13,9 +13,10 @@ from rich.table import Table
 
 from app.common import fail, validation_message, wide_console
 from app.knob_options import Knobs, Options, takes
-from simulator.cost.shape import ReplicaShape
 from simulator.cost.step_timer import step_cost
+from simulator.fleet.fleet import replica_shape
 from simulator.fleet.knobs import EngineChoice, KVCache, Parallelism, Precision, SchedulerLimits, Served
+from simulator.fleet.sim_config import SimConfig
 
 
 # The knobs one forward pass's time depends on: what runs where, its sharding, the engine whose
@@ -24,7 +25,7 @@ KNOBS = (Options(Served), Options(Parallelism, only=("tp", "expert_parallel", "r
          Options(SchedulerLimits, only=("max_num_seqs", "max_num_batched_tokens", "max_model_len"),
                  notes={"max_num_seqs": "the CUDA-graph sizes the server captures follow it; and the KV cache",
                         "max_num_batched_tokens": "likewise"}),
-         Options(Precision, only=("quant",), notes={"quant": "the weights' memory (the step is timed at --dtype)"}),
+         Options(Precision, only=("quant",), notes={"quant": "the weights' memory and the bytes each step reads"}),
          Options(KVCache, only=("kv_dtype", "gpu_memory_utilization", "block_size")))
 
 
@@ -34,7 +35,8 @@ def predict_command(
     tokens: int = typer.Option(512, help="prefill: one sequence of this many tokens"),
     decode_batch: int = typer.Option(0, help="instead: this many decodes ..."),
     context: int = typer.Option(1024, help="... each at this context length"),
-    dtype: str = typer.Option("bf16"),
+    dtype: str | None = typer.Option(None, help="what GEMMs compute in (default: what --quant implies: bf16, "
+                                     "fp8 under fp8 or nvfp4 weights)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per-operator and per-step time of one forward pass, with where each number comes from."""
@@ -66,15 +68,17 @@ def predict_command(
                                         limits.max_num_seqs or default["max_num_seqs"],
                                         limits.max_num_batched_tokens or default["max_num_batched_tokens"], tp)
         chunks = ([Chunk(1, context)] * decode_batch if decode_batch else [Chunk(tokens, tokens)])
-        # The simulator's own step for this shape (its default block size: the engine's padded decodes).
-        step = step_cost(cost_model, ReplicaShape(spec, tp=tp, dtype=dtype, expert_parallel=parallel.expert_parallel,
-                                                  routing_skew=parallel.routing_skew), chunks)
+        # The simulator's own step for this replica: its weights' and cache's precisions as --quant and
+        # --kv-dtype set them, decodes padded to the engine's block size.
+        shape = replica_shape(SimConfig(**sim_fields(knobs), activation_dtype=dtype or "auto"), spec)
+        dtype = shape.dtype
+        step = step_cost(cost_model, shape, chunks)
         kv = kv_capacity(knobs, spec)
     except ValidationError as exc:
         fail(validation_message(exc))
     except ValueError as exc:
         fail(str(exc))
-    result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype, "engine": cost_model.engine.id,
+    result = {"hardware": hardware, "model": spec.name, "tp": tp, "dtype": dtype, "quant": knobs["quant"], "engine": cost_model.engine.id,
               "step": {"decode_batch": decode_batch, "context": context} if decode_batch else {"prefill_tokens": tokens},
               "step_time_s": step.total_s,
               "operators": {name: {"time_s": t, "provenance": step.provenance[name],
@@ -84,7 +88,8 @@ def predict_command(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    table = Table(title=f"{spec.name} on {hardware} (tp={tp}, {dtype}): one step")
+    weights = "" if knobs["quant"] == dtype else f", {knobs['quant']} weights"
+    table = Table(title=f"{spec.name} on {hardware} (tp={tp}, {dtype}{weights}): one step")
     for column in ("operator", "time ms", "share", "provenance", "± expected"):
         table.add_column(column, justify="right")
     for name, op in sorted(result["operators"].items(), key=lambda kv: -kv[1]["time_s"]):
@@ -101,13 +106,15 @@ def predict_command(
                     f"{kv['max_concurrency']:.2f} requests of {kv['max_model_len']:,} tokens at once", highlight=False)
 
 
+def sim_fields(knobs) -> dict:
+    """The knobs given, as SimConfig fields."""
+    return {k: v for k, v in knobs.items() if k in SimConfig.model_fields and v is not None}
+
+
 def kv_capacity(knobs, spec) -> dict:
     """The replica's KV cache as the server would size it (SimConfig's memory plan), or why none fits."""
-    from simulator.fleet.sim_config import SimConfig
-
-    fields = {k: v for k, v in knobs.items() if k in SimConfig.model_fields and v is not None}
     try:
-        config = SimConfig(**fields)
+        config = SimConfig(**sim_fields(knobs))
         _, _, plan = config.check()
     except ValueError as exc:
         return {"error": str(exc)}

@@ -217,3 +217,28 @@ def test_help_lists_options_without_str_and_bool_type_labels() -> None:
         assert result.exit_code == 0 and "--help" in result.output
         assert "<str>" not in result.output and "<bool>" not in result.output, command
     assert "<int>" in runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "160"}).output  # numbers keep theirs
+
+
+def test_predict_times_the_step_the_simulator_runs() -> None:
+    # --quant sets the bytes a step reads: mxfp4 experts are about a quarter of bf16 ones, and the
+    # step is the simulator's own for that replica (SimConfig's shape), not one at --dtype's weights.
+    from simulator.catalog.models import load_model
+    from simulator.cost.step_timer import step_cost
+    from simulator.cost.types import Chunk
+    from simulator.fleet.costs import cost_model_for
+    from simulator.fleet.fleet import replica_shape
+    from simulator.fleet.sim_config import SimConfig
+
+    args = ["predict", "--hardware", "h100-sxm", "--model", "gpt-oss-120b", "--tp", "8", "--decode-batch", "4",
+            "--context", "1500", "--json"]
+    bf16 = json.loads(runner.invoke(app, args).stdout)
+    mxfp4 = json.loads(runner.invoke(app, [*args, "--quant", "mxfp4"]).stdout)
+    assert mxfp4["dtype"] == "bf16" and mxfp4["quant"] == "mxfp4"
+    assert mxfp4["operators"]["moe_experts"]["time_s"] < 0.75 * bf16["operators"]["moe_experts"]["time_s"]
+    assert mxfp4["operators"]["qkv_proj"] == bf16["operators"]["qkv_proj"]  # attention stays in bf16
+    config = SimConfig(model="gpt-oss-120b", hardware="h100-sxm", tp=8, quant="mxfp4")
+    simulated = step_cost(cost_model_for(config, None), replica_shape(config, load_model("gpt-oss-120b")),
+                          [Chunk(1, 1500)] * 4)
+    assert mxfp4["step_time_s"] == pytest.approx(simulated.total_s)
+    fp8 = json.loads(runner.invoke(app, [*args, "--kv-dtype", "fp8"]).stdout)["operators"]
+    assert fp8["attention_decode"]["time_s"] < bf16["operators"]["attention_decode"]["time_s"]
