@@ -9,6 +9,8 @@ figures; never passes or fails.
     python bench/vllm_runs.py --resume --write    # the fit restarted from the catalog profile's values
     python bench/vllm_runs.py --cv-only --write   # the catalog profile's values cross-validated, not refitted
     python bench/vllm_runs.py --quick             # a smoke run: 5 runs, short stages, a short fit
+    ... --closed-loop                             # the fit also takes the public closed-loop runs of
+                                                  # calibrate/runs/closed_loop.py that it can (their TPOT)
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import os
 import time
 from pathlib import Path
 
-from calibrate.fitting.engine_profile import MIN_FIT_S, cross_validate, interval_coverage, theta_of
+from dataclasses import replace
+
+from calibrate.fitting.engine_profile import MIN_FIT_S, cross_validate, interval_coverage, summary_errors, theta_of
+from calibrate.runs.closed_loop import ClosedLoopRun, fitted_runs
 from calibrate.runs.tables import METRICS, read_runs
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
 
@@ -38,11 +43,26 @@ def model_out_coverage(profile, replayed, metric: str, widen: float) -> tuple[in
     return inside, total
 
 
+def split_errors(result) -> dict:
+    """The profile's error figures over the campaign's runs alone (as before closed-loop runs were
+    fitted on), and the closed-loop runs' TPOT errors beside them."""
+    errors = {}
+    for label, replayed in (("leave_one_run_out", result.leave_one_run_out),
+                            ("leave_one_model_out", result.leave_one_model_out), ("in_sample", result.in_sample)):
+        campaign = [r for r in replayed if not isinstance(r.run, ClosedLoopRun)]
+        closed = [r for r in replayed if isinstance(r.run, ClosedLoopRun)]
+        errors[label] = {**result.profile.errors.get(label, {}), **summary_errors(campaign)}
+        errors[f"closed_loop_{label}"] = {"tpot_mdape": summary_errors(closed).get("tpot_mdape"), "runs": len(closed)}
+    return errors
+
+
 def table(result) -> None:
     print(f"{'run':28s} {'model':14s} tp {'workload':14s}  " + "  ".join(f"{m:>16s}" for m in METRICS)
           + "  saturated")
     for loo in result.leave_one_run_out:
         run = loo.run
+        if isinstance(run, ClosedLoopRun):
+            continue
         cells = []
         for m in METRICS:
             measured = run.measured.get(m)
@@ -63,12 +83,16 @@ def main() -> None:
     parser.add_argument("--cv-only", action="store_true", help="no fit: cross-validate the catalog profile's "
                         "fitted values as they are (its folds refit from them)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the folds")
+    parser.add_argument("--closed-loop", action="store_true", help="fit on the closed-loop runs it can take too")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     runs = read_runs(args.shared / "reference" / "vllm-runs.md")
+    closed = fitted_runs() if args.closed_loop else []
     if args.quick:
         runs = [r for r in runs if r.family in ("qwen2.5-7b", "llama-2-7b", "mistral-nemo")][:5]
+        closed = [r for r in closed if r.concurrency <= 4][:1]
         args.fit_time_scale, args.time_scale, args.evaluations = 0.02, 0.02, 8
+    runs = [*runs, *closed]
     started = time.perf_counter()
     base = load_engine(DEFAULT_GPU_ENGINE)
     devices = sorted({r.hardware for r in runs if not r.saturated})
@@ -82,6 +106,13 @@ def main() -> None:
     print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(result.names, result.theta)))
     print("\nper run, leave one run out: predicted/measured (ms)")
     table(result)
+    if closed:
+        result = replace(result, profile=replace(result.profile, errors=split_errors(result)))
+        print("\nclosed-loop runs (TPOT, ms): in sample / leave one run out / leave one model out, measured")
+        for rows in zip(result.in_sample, result.leave_one_run_out, result.leave_one_model_out):
+            if isinstance(rows[0].run, ClosedLoopRun):
+                print(f"  {rows[0].run.id:58s} " + " / ".join(f"{r.predicted['tpot']:6.2f}" for r in rows)
+                      + f"   {rows[0].run.tpot_ms:6.2f}")
     print("\nmedian absolute % error over the unsaturated runs (target: E2E <= 5, TTFT <= 15, TPOT <= 5)")
     for label, errors in result.profile.errors.items():
         print(f"  {label:20s} " + "  ".join(f"{k}={v}" for k, v in errors.items()))

@@ -155,7 +155,8 @@ class EngineProfile:
         scaled = self.scaled_devices.get(device) if own is None else None
         if scaled is not None:
             base = {**self.scales, **self.device_scales.get(scaled["from"], {})}
-            speeds = {k: v for k, v in base.items() if k == "all_reduce"}  # the fabric's, not the kernels'
+            # The fabric's speed, and the kernels' floors (no runs to scale them by), as the source device's.
+            speeds = {k: v for k, v in base.items() if k in ("all_reduce", "gemm_floor")}
             for family in SCALED_FAMILIES:
                 speeds[family] = base.get(family, 1.0) / scaled["bandwidth"]  # divides the bandwidth (sources.Modeled)
                 speeds[f"{family}_compute"] = base.get(f"{family}_compute", 1.0) * scaled["compute"]

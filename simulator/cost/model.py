@@ -142,11 +142,17 @@ class CostModel:
         (token counts padded to the capture sizes; no per-kernel launch term t0, which a graph
         replay does not pay and a GPU-bound eager step hides), its all-reduces
         (operators.all_reduce), host terms (those a synchronous engine does not overlap added to
-        the fitted ones) and speeds."""
+        the fitted ones) and speeds, the floors of its GEMMs among them (a small GEMM's time under
+        the engine's kernels on this device: the shipped curves' floors are an A100's, profiled eager)."""
         rule = rule_for(engine.limits, self.accelerator)
         graph_sizes = engine.graph_sizes_for(max_num_seqs, max_num_batched_tokens,
                                              rule.graph_limit(tp) if rule is not None else None)
         curves = {k: replace(c, t0=0.0) for k, c in self.curves.items()} if graph_sizes else self.curves
+        scales = engine.speeds_on(self.accelerator.id)
+        floor = scales.get("gemm_floor", 1.0)
+        if floor != 1.0:  # the engine's GEMM kernels' smallest time on this device, as a share of the curves'
+            curves = {k: replace(c, log_fc=c.log_fc + math.log(floor), log_fm=c.log_fm + math.log(floor))
+                      if k.startswith("gemm") else c for k, c in curves.items()}
         framework = self.framework
         if engine.framework or engine.host_not_overlapped:
             framework = {**{term: 0.0 for term in FRAMEWORK_TERMS}, "operator_scale": 1.0, **self.framework,
@@ -155,7 +161,7 @@ class CostModel:
                 for term, value in engine.host_not_overlapped.items():
                     framework[term] = framework.get(term, 0.0) + value
         return self._changed(engine=engine, graph_sizes=graph_sizes, curves=curves, framework=framework,
-                             scales=engine.speeds_on(self.accelerator.id))
+                             scales=scales)
 
     def with_curve(self, key: str, curve: EfficiencyCurve) -> "CostModel":
         return self._changed(curves={**self.curves, key: curve})
