@@ -111,11 +111,11 @@ def test_saturated_runs_are_fitted_on_their_tpot_alone(tmp_path) -> None:
 def test_a_refit_resets_only_what_the_held_out_runs_alone_informed(tmp_path) -> None:
     import numpy as np
 
-    from calibrate.fitting.engine_profile import SHARED, SHARED_START, refit_without
+    from calibrate.fitting.engine_profile import DEVICE_START, SHARED, SHARED_START, refit_without
     path = tmp_path / "runs.md"
     path.write_text(TABLES.replace("| 2 | FP16 | 2048", "| 1 | FP16 | 2048"))
     runs = read_runs(path, hardware="h100-sxm")
-    theta = np.array([*SHARED_START, 0.8, 1.0]) * 1.1  # away from the starting values
+    theta = np.array([*SHARED_START, *DEVICE_START]) * 1.1  # away from the starting values
     owner = np.array([0, 0, 0, 1, 1, 1])
     jac = np.ones((6, len(theta)))
     pinned, told = SHARED.index("elementwise"), SHARED.index("moe")

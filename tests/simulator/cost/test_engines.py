@@ -207,3 +207,21 @@ def test_a_device_of_other_kernels_takes_the_fitted_speeds_times_published_ratio
     assert "curves at catalog peaks" not in " ".join(
         simulate(SimConfig(model="llama-3.1-8b", hardware="mi300x"), load_workload("synthetic:num=5,input=100,output=5,rate=1"))
         .summary.extrapolated_across)
+
+
+def test_gemm_floors_set_a_small_gemms_time_not_a_large_ones() -> None:
+    model = load_model("gpt-oss-120b")
+    plain = replace(load_engine(DEFAULT_GPU_ENGINE), scales={}, device_scales={})
+    low = replace(plain, device_scales={"h100-sxm": {"gemm_floor": 0.5}})
+    op = lambda e, shape, chunks, name: step_cost(engine_model(engine=e), shape,  # noqa: E731
+                                                  chunks).by_operator[name]
+    moe, dense = ReplicaShape(model, tp=8, weight_dtype="mxfp4"), ReplicaShape(load_model("llama-3.1-70b"))
+    decode = [Chunk(1, 1000)] * 4
+    for name in ("qkv_proj", "moe_experts"):  # a few rows: the GEMMs' floors are most of their time
+        assert op(low, moe, decode, name) < 0.8 * op(plain, moe, decode, name)
+    assert op(low, moe, decode, "rms_norm") == op(plain, moe, decode, "rms_norm")  # other kernels keep theirs
+    long = [Chunk(8192, 8192)]  # GEMMs of milliseconds: their floors hardly show
+    assert op(low, dense, long, "qkv_proj") == pytest.approx(op(plain, dense, long, "qkv_proj"), rel=0.05)
+    # A device scaled from the fitted one (other kernels, no runs) keeps its floors.
+    scaled = replace(low, scaled_devices={"mi300x": {"from": "h100-sxm", "bandwidth": 1.0, "compute": 1.0}})
+    assert scaled.speeds_on("mi300x")["gemm_floor"] == 0.5
