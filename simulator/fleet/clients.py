@@ -29,7 +29,7 @@ class ClientGate:
     def __init__(self, env: simpy.Environment, clients: Clients, requests: list[Request], ingress_s: float) -> None:
         self.env, self.think_s, self.ingress_s, self.requests = env, clients.think_s, ingress_s, requests
         self._free_at = [-math.inf] * clients.concurrency  # when each idle client may send (a heap)
-        # The next request's send time once it is known (the first: at its arrival, a client is free).
+        # The next request's send time as it stands (a finish told later may bring it forward).
         self._next_send_s: float | None = requests[0].arrival_s if requests else None
         self._left = len(requests)  # requests not sent yet
         self._wake: simpy.Event | None = None
@@ -37,11 +37,17 @@ class ClientGate:
     @property
     def next_arrival_s(self) -> float:
         """The next arrival at the cluster, or a lower bound on it (see the module's docstring)."""
+        if not self._left:
+            return math.inf
+        head = self.requests[len(self.requests) - self._left].arrival_s
+        if self._next_send_s is not None and self._next_send_s <= head:
+            return self._next_send_s + self.ingress_s  # a client was free before the request came
+        # The send waits on a client: a finish not told yet may free one from now + think on
+        # (a finish is told at the step end it follows, with any output delay after it).
+        bound = max(self.env.now + self.think_s, head)
         if self._next_send_s is not None:
-            return self._next_send_s + self.ingress_s
-        if self._left:
-            return self.env.now + self.think_s + self.ingress_s
-        return math.inf
+            bound = min(bound, self._next_send_s)
+        return bound + self.ingress_s
 
     def done(self, finish_s: float | None = None) -> None:
         """A request finished (at finish_s; None: rejected now): its client is free think_s later."""
@@ -53,13 +59,17 @@ class ClientGate:
         """A SimPy process: each request routed when a client is free and its own arrival has come."""
         env = self.env
         for request in self.requests:
-            while not self._free_at:
+            while True:  # finishes are told out of their order (output delays differ): re-read each
+                while not self._free_at:
+                    self._wake = env.event()
+                    yield self._wake
+                send_s = max(self._free_at[0], request.arrival_s)
+                self._next_send_s = send_s
+                if send_s + self.ingress_s <= env.now:
+                    break
                 self._wake = env.event()
-                yield self._wake
-            send_s = max(heapq.heappop(self._free_at), request.arrival_s)
-            self._next_send_s = send_s
-            if send_s + self.ingress_s > env.now:
-                yield env.timeout(send_s + self.ingress_s - env.now)
+                yield env.timeout(send_s + self.ingress_s - env.now) | self._wake
+            heapq.heappop(self._free_at)
             self._next_send_s = None
             self._left -= 1
             route(request if request.arrival_s == send_s else replace(request, arrival_s=send_s))

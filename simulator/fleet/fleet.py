@@ -31,7 +31,7 @@ from simulator.fleet.slo_watch import SloWatch
 from simulator.fleet.speculation import Speculation, acceptance_profile, request_rates
 from simulator.fleet.static_batching import StaticBatchScheduler
 from simulator.workload.block_keys import BlockKeys
-from simulator.workload.requests import Clients
+from simulator.workload.requests import Clients, Request
 
 
 @dataclass
@@ -155,9 +155,12 @@ def simulate_replicas(fleet: FleetSetup, requests: list, replica_indices: list[i
             if request.arrival_s + ingress > env.now:
                 yield env.timeout(request.arrival_s + ingress - env.now)
             clock.next_arrival_s = requests[i + 1].arrival_s + ingress if i + 1 < len(requests) else math.inf
-            router.route(request).submit(request)
+            router.route(request).submit(request, at_s=request.arrival_s + ingress)
 
-    env.process(arrivals() if gate is None else gate.sends(lambda request: router.route(request).submit(request)))
+    def send(request: Request) -> None:  # the gate's: sent at arrival_s, here ingress later
+        router.route(request).submit(request, at_s=request.arrival_s + ingress)
+
+    env.process(arrivals() if gate is None else gate.sends(send))
     if watch is None:
         env.run()
     else:

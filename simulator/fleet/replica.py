@@ -61,6 +61,9 @@ class ArrivalsAnyTime:
 class _VirtualEngine:
     scheduler: object  # engine.policy.scheduler.Scheduler or StaticBatchScheduler
     wakeup: simpy.Event | None = None
+    # When the arrival that fired wakeup came, exactly: env.now adds up the deltas of whatever
+    # events came between (other replicas' too), so it can differ from it in the last bit.
+    woke_s: float | None = None
     outstanding_tokens: int = 0
     sequences: dict = field(default_factory=dict)
     process: simpy.Process | None = None
@@ -136,9 +139,9 @@ class Replica(SteadyRuns):
         return sum(e.scheduler.num_unfinished for e in self.engines)
 
     # -- arrivals -----------------------------------------------------------------------------
-    def submit(self, request: Request, arrived_blocks: int = 0) -> None:
+    def submit(self, request: Request, arrived_blocks: int = 0, at_s: float | None = None) -> None:
         """A request arrives (arrived_blocks: its first full prompt blocks come computed from another
-        replica, tiered_pool.py)."""
+        replica, tiered_pool.py), at at_s exactly (None: env.now)."""
         engine = min(self.engines, key=lambda e: e.outstanding_tokens) if len(self.engines) > 1 else self.engines[0]
         params = self._sampling.get(request.output_tokens)
         if params is None:  # one (frozen) SamplingParams per output length: a request makes none
@@ -165,10 +168,12 @@ class Replica(SteadyRuns):
         engine.sequences[seq.request_id] = seq
         self._sampled[seq.request_id] = SAMPLED_TOKEN
         engine.outstanding_tokens += request.prompt_tokens + request.output_tokens
+        at_s = self.env.now if at_s is None else at_s
         if engine.wakeup is not None and not engine.wakeup.triggered:
+            engine.woke_s = at_s
             engine.wakeup.succeed()
         elif engine.in_steady_run and engine.run_arrival_s is None:
-            engine.run_arrival_s = self.env.now  # the run reads it when its step across this instant ends
+            engine.run_arrival_s = at_s  # the run reads it when its step across this instant ends
 
     # -- the step loop --------------------------------------------------------------------------
     def _run(self, engine: _VirtualEngine):
@@ -181,10 +186,10 @@ class Replica(SteadyRuns):
                 yield engine.wakeup
                 engine.wakeup = None
                 if timer.follows_time:
-                    timer.now = env.now
-                cold_s = timer.wakeup(env.now - idle_from)
+                    timer.now = engine.woke_s
+                cold_s = timer.wakeup(engine.woke_s - idle_from)
                 engine.previous_tokens = None
-            now = env.now
+            now, engine.woke_s = (env.now if engine.woke_s is None else engine.woke_s), None
             while scheduler.has_unfinished():
                 now, out = yield from self._step(engine, now, cold_s)
                 if out is None:

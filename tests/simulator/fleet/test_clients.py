@@ -6,9 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import simpy
+
+from simulator.fleet.clients import ClientGate
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.workload.load import load_workload
+from simulator.workload.requests import Clients, Request
 from tests.simulator.helpers import assert_same_simulation
 
 CONFIG = dict(model="llama-3.1-8b", hardware="a100-80gb")
@@ -55,6 +59,28 @@ def test_a_trace_file_keeps_its_arrivals_under_a_concurrency_cap() -> None:
     assert np.all(np.diff(capped.arrival_s.to_numpy()) >= 0)  # sent in trace order
     wide = simulate(SimConfig(**CONFIG), load_workload(trace + ",concurrency=10000")).requests.sort_values("request_id")
     assert np.array_equal(wide.arrival_s.to_numpy(), open_loop.arrival_s.to_numpy())  # a cap never reached
+
+
+def test_a_finish_told_later_but_due_sooner_sends_the_next_request_first() -> None:
+    # Finishes are told at the end of the step they follow, each with its own output delay, so a
+    # later report can free a client sooner; the gate must send at that sooner time, in order.
+    env = simpy.Environment()
+    gate = ClientGate(env, Clients(concurrency=2), [Request(i, 0.0, 10, 10) for i in range(4)], ingress_s=0.0)
+    sent: list[tuple[int, float]] = []
+    bounds: list[float] = []
+    env.process(gate.sends(lambda r: sent.append((r.request_id, r.arrival_s))))
+
+    def replicas():
+        yield env.timeout(1.0)
+        gate.done(3.0)
+        yield env.timeout(0.5)
+        bounds.append(gate.next_arrival_s)
+        gate.done(2.0)
+
+    env.process(replicas())
+    env.run()
+    assert sent == [(0, 0.0), (1, 0.0), (2, 2.0), (3, 3.0)]
+    assert bounds[0] <= 2.0  # the clock never promised a later arrival than the one that came
 
 
 @pytest.mark.parametrize("spec, knobs", [
