@@ -11,6 +11,8 @@ figures; never passes or fails.
     python bench/vllm_runs.py --quick             # a smoke run: 5 runs, short stages, a short fit
     ... --closed-loop                             # the fit also takes the public closed-loop runs of
                                                   # calibrate/runs/closed_loop.py that it can (their TPOT)
+    ... --closed-loop --hold-out IX828 --start P  # no cross-validation: fit from profile P without the
+                                                  # closed-loop runs whose id starts IX828, predict them
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from calibrate.fitting.engine_profile import MIN_FIT_S, cross_validate, interval_coverage, summary_errors, theta_of
+from calibrate.fitting.engine_profile import (MIN_FIT_S, cross_validate, fit_engine, interval_coverage, predict,
+                                             summary_errors, theta_of)
 from calibrate.runs.closed_loop import ClosedLoopRun, fitted_runs
 from calibrate.runs.tables import METRICS, read_runs
 from simulator.catalog.engines import DEFAULT_GPU_ENGINE, ENGINES_DIR, load_engine
@@ -71,6 +74,30 @@ def table(result) -> None:
               + f"  {'yes' if run.saturated else 'no'}/{'yes' if loo.saturated else 'no'}")
 
 
+def held_out_check(args, base, runs, held, devices) -> None:
+    """Fit without `held` (from --start's values, else the catalog's), then predict them: TPOT
+    errors on runs no fit saw, beside the fitted runs' in-sample errors."""
+    if not held:
+        raise SystemExit(f"no closed-loop run's id starts with {args.hold_out!r}")
+    start = load_engine(path=args.start) if args.start else base
+    started = time.perf_counter()
+    profile, theta, _, names, _ = fit_engine(base, runs, args.fit_time_scale, args.evaluations,
+                                             lambda text: print("  ..", text, flush=True),
+                                             0.0 if args.quick else MIN_FIT_S, theta_of(start, devices))
+    print(f"\nfitted on {len(runs)} runs without {len(held)} ({args.hold_out}*) in {time.perf_counter() - started:.0f} s")
+    print("fitted:", ", ".join(f"{n}={v:.4g}" for n, v in zip(names, theta)))
+    print("\nheld-out closed-loop runs (TPOT, ms): predicted, measured, error")
+    replayed = [predict(profile, run, args.time_scale) for run in held]
+    for rep in replayed:
+        tpot = rep.predicted["tpot"]
+        print(f"  {rep.run.id:58s} {tpot:7.2f} {rep.run.tpot_ms:7.2f} {100 * (tpot / rep.run.tpot_ms - 1):+6.1f} %")
+    fitted = [predict(profile, r, args.time_scale) for r in runs]
+    campaign = [r for r in fitted if not isinstance(r.run, ClosedLoopRun)]
+    print("\nmedian absolute % error, TPOT: held out", summary_errors(replayed).get("tpot_mdape"),
+          "| fitted closed-loop runs, in sample", summary_errors([r for r in fitted if r not in campaign]).get("tpot_mdape"))
+    print("campaign, in sample:", "  ".join(f"{k}={v}" for k, v in summary_errors(campaign).items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
@@ -84,6 +111,10 @@ def main() -> None:
                         "fitted values as they are (its folds refit from them)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the folds")
     parser.add_argument("--closed-loop", action="store_true", help="fit on the closed-loop runs it can take too")
+    parser.add_argument("--hold-out", metavar="PREFIX", help="fit (no cross-validation) without the closed-loop "
+                        "runs whose id starts with PREFIX, then predict them: a check on runs never fitted")
+    parser.add_argument("--start", type=Path, help="with --resume or --hold-out: start from this profile file's "
+                        "fitted values, not the catalog's (one that never saw the held-out runs)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     runs = read_runs(args.shared / "reference" / "vllm-runs.md")
@@ -92,14 +123,19 @@ def main() -> None:
         runs = [r for r in runs if r.family in ("qwen2.5-7b", "llama-2-7b", "mistral-nemo")][:5]
         closed = [r for r in closed if r.concurrency <= 4][:1]
         args.fit_time_scale, args.time_scale, args.evaluations = 0.02, 0.02, 8
-    runs = [*runs, *closed]
+    held = [r for r in closed if args.hold_out and r.id.startswith(args.hold_out)]
+    runs = [*runs, *(r for r in closed if r not in held)]
     started = time.perf_counter()
     base = load_engine(DEFAULT_GPU_ENGINE)
     devices = sorted({r.hardware for r in runs if not r.saturated})
+    if args.hold_out:
+        held_out_check(args, base, runs, held, devices)
+        return
     result = cross_validate(base, runs, args.fit_time_scale, args.time_scale, 0 if args.cv_only else args.evaluations,
                             progress=lambda text: print("  ..", text, flush=True),
                             min_fit_s=0.0 if args.quick else MIN_FIT_S,
-                            x0=theta_of(base, devices) if args.resume or args.cv_only else None,
+                            x0=theta_of(load_engine(path=args.start) if args.start else base, devices)
+                            if args.resume or args.cv_only else None,
                             workers=args.workers, refit="step")  # 21 runs' full refits per fold: too dear
     print(f"\n{len(runs)} runs of {args.shared / 'reference' / 'vllm-runs.md'}; fitted in "
           f"{time.perf_counter() - started:.0f} s (fit at stage scale {args.fit_time_scale}, judged at {args.time_scale})")

@@ -34,3 +34,11 @@ def test_a_closed_loop_run_replays_as_its_clients_and_its_statistic() -> None:
     median = next(r for r in fitted_runs() if r.tpot_stat == "p50")
     summary = type("S", (), {k: type("D", (), {"mean": 2.0, "p50": 1.0})() for k in ("tpot_s", "ttft_s", "e2e_s")})()
     assert median.figures(summary)["tpot"] == 1000.0 and run.figures(summary)["tpot"] == 2000.0
+
+
+def test_the_default_profile_says_it_was_fitted_on_the_closed_loop_runs_it_takes() -> None:
+    # Its span (extrapolation["fitted"]) decides what an answer is said to be extrapolated across.
+    fitted = load_engine(DEFAULT_GPU_ENGINE).extrapolation["fitted"]
+    for run in fitted_runs():
+        assert run.family in fitted["models"] and run.sim_config().tp in fitted["tp"], run.id
+        assert run.hardware in fitted["devices"], run.id

@@ -32,9 +32,9 @@ def test_inside_the_fitted_runs_nothing_widens() -> None:
 
 def test_another_gpu_model_and_tp_widen_and_are_named() -> None:
     engine = load_engine("vllm-v0.15")
-    crossed = extrapolation(engine, "qwen3-30b-a3b", "h200", 8, True)
+    crossed = extrapolation(engine, "qwen3-30b-a3b", "h200", 16, True)
     assert any("h200" in words and "h100-sxm" in words for words in crossed.across)
-    assert any("qwen3-30b-a3b" in words for words in crossed.across) and any("tp=8" in w for w in crossed.across)
+    assert any("qwen3-30b-a3b" in words for words in crossed.across) and any("tp=16" in w for w in crossed.across)
     assert all(crossed.factor(m) >= extrapolation(engine, "llama-3.1-70b", "h200", 4, False).factor(m) > 1.0
                for m in engine.residuals)
     same_gpu = simulate(SimConfig(model="llama-3.1-8b", hardware="h100-sxm"), load_workload(SPEC)).summary
