@@ -27,11 +27,8 @@ new_tuple = tuple.__new__
 
 
 class ScheduledChunk(NamedTuple):
-    """num_tokens tokens of one request, starting at position start, computed this step.
-
-    A NamedTuple, not a dataclass: one is made per running request per step, and the simulator
-    makes millions of them.
-    """
+    """num_tokens tokens of one request from position start, computed this step (a NamedTuple, not
+    a dataclass: one is made per running request per step, millions of them in the simulator)."""
 
     request_id: str
     start: int
@@ -116,10 +113,7 @@ class Scheduler:
         seq = self.requests.get(request_id)
         if seq is None:
             raise ValueError(f"no unfinished request with id {request_id!r} to abort")
-        if seq.status is RequestStatus.RUNNING:
-            self.running.remove(seq)
-        else:
-            self.waiting.remove(seq)
+        (self.running if seq.status is RequestStatus.RUNNING else self.waiting).remove(seq)
         self._finish(seq, RequestStatus.FINISHED_ABORTED, now)
         return seq
 
@@ -178,6 +172,8 @@ class Scheduler:
             computed = self.block_manager.get_computed_blocks(seq)
             num_cached = len(computed) * self.block_manager.block_size
             num_new = seq.num_tokens - num_cached
+            if not self._has_room(seq, num_new):
+                break
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
@@ -198,11 +194,18 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _has_room(self, seq: Sequence, num_new: int) -> bool:
+        """Whether the policy admits seq, num_new of its tokens uncached, as far as the KV cache goes
+        beyond the blocks its chunk takes now (vLLM: no further reserve; prefill_first.py: SGLang's)."""
+        return True
+
+    def decoded_in_bulk(self, steps: int) -> None:
+        """Decode steps the simulator took in bulk, without schedule() (fleet/steady_decode.py)."""
+
     def only_decodes_next(self) -> bool:
-        """Whether the next schedule() will only decode: every running request has just its last
-        sampled token to compute and gets its slot without a preemption, and no waiting request
-        is admitted (none is offered, or the head is refused). Reads the state, changes nothing.
-        The simulator takes such steps in bulk (simulator/fleet/steady_decode.py)."""
+        """Whether the next schedule() only decodes: every running request computes its last sampled
+        token without a preemption, nobody is admitted. Changes nothing (the simulator takes such
+        steps in bulk: simulator/fleet/steady_decode.py)."""
         return self.next_step() is NextStep.ONLY_DECODES
 
     def next_step(self) -> NextStep:
@@ -250,11 +253,9 @@ class Scheduler:
         return NextStep.ONLY_DECODES if refused else NextStep.DECODES_AND_ADMISSIONS
 
     def _add_lookahead(self, out: SchedulerOutput, budget: int) -> None:
-        """Speculative decoding: extend decode chunks with draft slots from what the step leaves
-        over -- token budget and free blocks -- so drafts never take a block or a token that a
-        running or waiting request needed this step (nor preempt anyone). A chunk with lookahead
-        slots reaches past its request's last token; it samples, and update() takes the accepted
-        drafts."""
+        """Speculative decoding: decode chunks get draft slots from what the step leaves over (token
+        budget, free blocks), never what a request needed this step nor by preempting. Such a chunk
+        reaches past its request's last token; it samples, and update() takes the accepted drafts."""
         chunks, requests, bm = out.chunks, self.requests, self.block_manager
         for i, chunk in enumerate(chunks):
             if budget <= 0:
@@ -366,9 +367,7 @@ class Scheduler:
         if seq.num_computed_tokens // self.block_manager.block_size > seq.num_registered_blocks:
             self.block_manager.cache_full_blocks(seq)
         if status is not None:
-            self.running.remove(seq)
-            self._finish(seq, status, now)
-            return FinishedRequest(seq.request_id, status.value)
+            return self._finish_running(seq, status, now)
         self.block_manager.trim(seq, len(seq.token_ids))
         return None
 
@@ -376,11 +375,7 @@ class Scheduler:
         """Finish a running request if its last token (token) meets a stop rule: it leaves the
         running set and its blocks are freed."""
         status = self._stop_status(seq, token)
-        if status is None:
-            return None
-        self.running.remove(seq)
-        self._finish(seq, status, now)
-        return FinishedRequest(seq.request_id, status.value)
+        return None if status is None else self._finish_running(seq, status, now)
 
     def _stop_status(self, seq: Sequence, token: int) -> RequestStatus | None:
         params = seq.sampling
@@ -392,6 +387,11 @@ class Scheduler:
         if num_tokens - len(seq.prompt_token_ids) >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _finish_running(self, seq: Sequence, status: RequestStatus, now: float) -> FinishedRequest:
+        self.running.remove(seq)
+        self._finish(seq, status, now)
+        return FinishedRequest(seq.request_id, status.value)
 
     def _finish(self, seq: Sequence, status: RequestStatus, now: float) -> None:
         self.block_manager.free(seq, finished=True)

@@ -189,6 +189,7 @@ class DecodeCohort:
         for _ in step_end_times:
             self._allocate()
             self._register()
+        self.scheduler.decoded_in_bulk(len(step_end_times))
         return self._finish()
 
     def allocate_next(self) -> None:
@@ -201,6 +202,7 @@ class DecodeCohort:
         finishes (the requests it admitted are updated after these, as update() orders them)."""
         self.times.append(end_s)
         self._register()
+        self.scheduler.decoded_in_bulk(1)
         return self._finish()
 
     def absorb(self, out: SchedulerOutput, end_s: float) -> bool:

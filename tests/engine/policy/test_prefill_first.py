@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from pytest import approx
+
 from engine.policy.config import CacheConfig, SchedulerConfig
 from engine.policy.policies import SCHEDULER_POLICIES, scheduler_class
 from engine.policy.prefill_first import PrefillFirstScheduler
@@ -84,3 +86,57 @@ def test_the_registry_names_each_policy() -> None:
         assert "prefill-first" in str(exc)
     else:
         raise AssertionError("an unknown policy must be refused")
+
+
+def running_with_long_outputs(policy: str) -> Scheduler:
+    """Two requests decoding, with 40 output tokens each still to come, in a 96-token pool."""
+    s = make(policy, budget=16, seqs=8, blocks=24, block_size=4)
+    for rid in ("a", "b"):
+        add(s, rid, 8, max_tokens=41)
+    while any(seq.num_output_tokens == 0 for seq in s.running) or s.waiting:
+        step(s)
+    return s
+
+
+def test_sglang_admits_only_beside_a_reserve_for_the_running_outputs() -> None:
+    # 96 tokens, 24 held by a and b (two blocks each and one for their next token): 72 free. vLLM
+    # admits a 16-token prompt (its blocks fit); SGLang counts 0.7 x 2 x 40 = 56 reserved for a
+    # and b's outputs, and 16 + 8 more of c's own: 80 >= 72, so c waits.
+    vllm, sglang = running_with_long_outputs("vllm"), running_with_long_outputs("prefill-first")
+    for s in (vllm, sglang):
+        add(s, "c", 16, max_tokens=8)
+    assert step(vllm) == [("a", 1, False), ("b", 1, False), ("c", 14, True)]
+    assert step(sglang) == [("a", 1, False), ("b", 1, False)] and [q.request_id for q in sglang.waiting] == ["c"]
+    # As they decode the ratio falls and their outputs shrink: c goes in before they finish.
+    while sglang.waiting:
+        step(sglang)
+    assert all(seq.num_output_tokens < 41 for seq in sglang.running if seq.request_id in ("a", "b"))
+
+
+def test_the_ratio_decays_per_decode_step_resets_when_idle_and_is_reestimated_after_a_retraction() -> None:
+    from engine.policy.prefill_first import DECAY_STEPS, INIT_NEW_TOKEN_RATIO, MIN_FACTOR
+    s = running_with_long_outputs("prefill-first")
+    start = s.new_token_ratio
+    step(s)
+    per_step = INIT_NEW_TOKEN_RATIO * (1 - MIN_FACTOR) / DECAY_STEPS
+    assert s.new_token_ratio == approx(start - per_step)
+    s.decoded_in_bulk(10_000)  # the simulator's bulk steps move it as many
+    assert s.new_token_ratio == approx(INIT_NEW_TOKEN_RATIO * MIN_FACTOR)
+    while s.has_unfinished():
+        step(s)
+    step(s)
+    assert s.new_token_ratio == INIT_NEW_TOKEN_RATIO  # idle: conservative again
+    tight = make(budget=16, seqs=8, blocks=9, block_size=4)  # 36 tokens: three requests cannot all finish
+    add(tight, "x", 4, max_tokens=12)
+    add(tight, "y", 4, max_tokens=12)
+    step(tight)
+    add(tight, "z", 4, max_tokens=12)
+    tight.new_token_ratio = 0.0  # no reserve: z goes in too, and the decodes run out of blocks
+    preempted = []
+    while tight.has_unfinished() and not preempted:
+        out = tight.schedule()
+        preempted = out.preempted
+        tight.update(out, {c.request_id: 5 for c in out.chunks if c.samples}, 0.0)
+    running = tight.running
+    expected = (sum(r.num_output_tokens for r in running) + 20 * len(running)) / (12 * len(running) + 1)
+    assert preempted and tight.new_token_ratio == approx(min(1.0, expected))

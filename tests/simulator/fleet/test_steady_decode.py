@@ -21,6 +21,9 @@ CASES = [
      dict(replicas=2, router="prefix_affinity")),
     ("synthetic:num=150,input=uniform(20,300),output=uniform(50,200),rate=40", dict(max_num_seqs=8, block_size=4)),
     ("synthetic:num=120,input=uniform(20,300),output=uniform(50,200),rate=20", dict(pp=2, tp=2)),
+    # SGLang: its admission reserve moves with every decode step (bulk ones too), its cache full
+    ("synthetic:num=150,input=uniform(20,900),output=uniform(50,400),rate=8", dict(
+        engine="sglang-0.5", num_gpu_blocks=300, max_model_len=2048)),
 ]
 
 
