@@ -1,5 +1,5 @@
 """Public closed-loop vLLM results: `vllm bench serve --max-concurrency C` (or InferenceX's client,
-the same semantics) on H100/H200, each a measured run (calibrate/runs/measured.py MeasuredRun)
+the same semantics) on H100/H200/MI300X, each a measured run (calibrate/runs/measured.py MeasuredRun)
 replayed as `synthetic:...,concurrency=C` with the run's server flags. No torch.
 
 They are the only runs at small decode batches (1-16 requests): the vLLM campaign
@@ -22,6 +22,13 @@ uniform in [ratio x L, L]):
   --max-num-batched-tokens 4096), 4096/4096 at C=1, 8 prompts; the mean of its three seeds.
 - PR25398: vLLM PR #25398 (2025-09), Qwen3-30B-A3B-FP8 on two H100 PCIe, TP2 with expert
   parallelism, 7500/7500, C=64, 128 prompts; mean TPOT of the "before" run.
+- IX1061 / IX1092: SemiAnalysis InferenceX PRs #1061 (2026-04-17) and #1092 (2026-04-20),
+  gpt-oss-120b MXFP4 on MI300X, vllm/vllm-openai-rocm:v0.17.0 with its AITER kernels
+  (benchmarks/single_node/gptoss_fp4_mi300x.sh: --gpu-memory-utilization 0.95, --max-model-len
+  2248, --block-size 64, no prefix caching, max-num-seqs and max-num-batched-tokens left at their
+  defaults), ratio 0.8, --ignore-eos. #1061: TP1, 1k/1k, C = 64 / 96 / 128 / 256, 10 x C prompts,
+  median TPOT. #1092: TP8, 1k/1k, C=1, 64 prompts, mean ITL (at one client, the TPOT) and a TTFT
+  of unnamed statistic (taken as the mean).
 Releases the catalog's profiles do not span (0.10, 0.11) run under the default profile.
 """
 
@@ -133,6 +140,15 @@ def _ix828(tp: int, isl: int, osl: int, c: int, tpot: float, anomalous: bool = F
                          note="flagged anomalous by its source" if anomalous else "")
 
 
+_IX_MI300X = dict(max_model_len=2248, enable_prefix_caching=False, gpu_memory_utilization=0.95, block_size=64)
+
+
+def _ix_mi300x(source: str, tp: int, c: int, prompts: int, stat: str, tpot: float,
+               ttft: tuple[str, float] | None = None) -> ClosedLoopRun:
+    return ClosedLoopRun(source, "0.17", "mi300x", "gpt-oss-120b", tp, "mxfp4", 1024, 1024, c, prompts, stat, tpot,
+                         ttft, ratio=0.8, settings=_IX_MI300X)
+
+
 def _fp8kv(model: str, quant: str, kv: str, ttft: float, itl: float) -> ClosedLoopRun:
     return ClosedLoopRun("FP8KV", "0.19", "h100-sxm", model, 1, quant, 23000, 2300, 8, 150, "p50", itl, ("p50", ttft),
                          ratio=0.74, kv_dtype=kv, settings={"max_model_len": 32768})
@@ -153,6 +169,9 @@ RUNS = [
                   settings={"max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.9}),
     ClosedLoopRun("PR25398", "0.11", "h100-pcie", "qwen3-30b-a3b", 2, "fp8", 7500, 7500, 64, 128, "mean", 38.88,
                   settings={"expert_parallel": True}),
+    *(_ix_mi300x("IX1061", 1, c, 10 * c, "p50", tpot) for c, tpot in ((64, 31.4), (96, 36.6), (128, 41.3),
+                                                                       (256, 58.3))),
+    _ix_mi300x("IX1092", 8, 1, 64, "mean", 4.02, ("mean", 33.6)),
 ]
 
 

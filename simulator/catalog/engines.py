@@ -152,7 +152,7 @@ class EngineProfile:
         """Operator family -> speed on this device: the engine's own, then the device's fitted ones
         or those it takes from the device it transfers from."""
         own = self.device_scales.get(device)
-        scaled = self.scaled_devices.get(device) if own is None else None
+        scaled = self.scaled_devices.get(device)
         if scaled is not None:
             base = {**self.scales, **self.device_scales.get(scaled["from"], {})}
             # The fabric's speed, and the kernels' floors (no runs to scale them by), as the source device's.
@@ -160,7 +160,8 @@ class EngineProfile:
             for family in SCALED_FAMILIES:
                 speeds[family] = base.get(family, 1.0) / scaled["bandwidth"]  # divides the bandwidth (sources.Modeled)
                 speeds[f"{family}_compute"] = base.get(f"{family}_compute", 1.0) * scaled["compute"]
-            return speeds
+            # Speeds fitted on runs of its own (calibrate/fitting/device_speeds.py) replace the scaled ones.
+            return {**speeds, **(own or {})}
         if own is None:
             own = self.device_scales.get(self.transfers.get(device, ""), {})
         return {**self.scales, **own}

@@ -38,6 +38,9 @@ def extrapolation(engine: EngineProfile | None, model: str, hardware: str, tp: i
         crossed.append(("device", f"{hardware} (no runs: {borrowed}'s fitted speeds)" if borrowed else
                         f"{hardware} (no runs: {scaled['from']}'s fitted speeds scaled by published achieved "
                         f"bandwidth and compute)" if scaled else f"{hardware} (no runs: its curves at catalog peaks)"))
+        if scaled and not borrowed:  # its own public runs say how far scaled speeds go wrong
+            crossed.append(("scaled_device", f"{hardware}'s speeds are scaled, not fitted: bench/closed_loop_check.py "
+                                             "has its public runs against them"))
     if model not in fitted.get("models", ()):
         crossed.append(("model", f"{model} (not among the fitted models)"))
     if tp not in fitted.get("tp", ()):

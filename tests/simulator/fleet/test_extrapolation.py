@@ -42,3 +42,12 @@ def test_another_gpu_model_and_tp_widen_and_are_named() -> None:
     assert any("h200" in words for words in other_gpu.extrapolated_across)
     for key in same_gpu.intervals:
         assert spread(other_gpu.intervals[key]) > spread(same_gpu.intervals[key])
+
+
+def test_a_device_on_scaled_speeds_widens_past_one_that_borrows_a_siblings() -> None:
+    engine = load_engine("vllm-v0.15")
+    scaled = extrapolation(engine, "llama-3.1-70b", "mi300x", 4, False)
+    borrowed = extrapolation(engine, "llama-3.1-70b", "h200", 4, False)
+    assert any("scaled, not fitted" in words for words in scaled.across)
+    assert not any("scaled, not fitted" in words for words in borrowed.across)
+    assert scaled.factor("tpot") > borrowed.factor("tpot") > 1.0
