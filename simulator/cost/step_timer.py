@@ -43,8 +43,7 @@ def _timed(source, size, count: float, name: str, ledger: StepCost | None) -> fl
 
 
 class StepTimer:
-    # plan_steady_run times decode steps as step() would: replicas may take them in bulk.
-    times_steady_runs: ClassVar[bool] = True
+    times_steady_runs: ClassVar[bool] = True  # plan_steady_run times decode steps as step() would (in bulk)
     # Step times depend on when the step starts: replicas set `now` before each step (calibrate/validation/speed_trace.py).
     follows_time: ClassVar[bool] = False
 
@@ -63,10 +62,11 @@ class StepTimer:
         # (source, op) of each token / head operator, in the recipe's order.
         self._token_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.token_ops]
         self._head_ops = [(cost_model.source(op.kind, op.shape), op) for op in recipe.head_ops]
-        # On a catalog GPU decode attention reads the cache in its own precision (FlashAttention 3 reads
-        # an FP8 cache as FP8; an FP8 model's bf16 cache as bf16). A profiled device times its own
-        # kernels in the compute dtype (and the dequantization apart, below).
-        cache = shape.kv_dtype if shape.kv_dtype in ("bf16", "fp16", "fp8") and cost_model.profile is None else None
+        # On a catalog GPU attention reads the cache in its own precision (FlashAttention 3 reads FP8 as
+        # FP8) -- but a GPU without FP8 tensor cores (A100) dequantizes it and is timed in the compute
+        # dtype, as a profiled device is (its dequantization apart, below).
+        kv, fp8 = shape.kv_dtype, cost_model.accelerator.peak_tflops.get("fp8")
+        cache = kv if cost_model.profile is None and (kv in ("bf16", "fp16") or kv == "fp8" and fp8) else None
         self._attention = (recipe.heads, recipe.kv_heads, model.head_dim, cache or recipe.dtype)
         # Sliding layers attend their window (a chunk: and itself); a batch's, min(keys, batch x window).
         self._window = model.sliding_window if model.num_sliding_layers else None

@@ -110,3 +110,15 @@ def test_decode_attention_reads_the_cache_in_its_own_precision_on_a_catalog_gpu(
     bf16 = attention(dtype="bf16", kv_dtype="bf16")
     assert attention(dtype="fp8", kv_dtype="bf16") == pytest.approx(bf16, rel=0.05)
     assert 0.4 * bf16 < attention(dtype="fp8", kv_dtype="fp8") < 0.7 * bf16
+
+
+def test_a_gpu_without_fp8_tensor_cores_attends_an_fp8_cache_in_the_compute_dtype() -> None:
+    """An A100 stores an FP8 cache (half the blocks' bytes) but has no FP8 peak to attend in: its
+    attention is timed as the compute dtype's, not refused mid-simulation."""
+    a100 = cost_model_for(SimConfig(model="llama-3.1-8b", hardware="a100-80gb"))
+    llama8 = load_model("llama-3.1-8b")
+    chunks = [Chunk(512, 0), *[Chunk(1, 4000)] * 16]
+    fp8 = step_cost(a100, ReplicaShape(llama8, kv_dtype="fp8"), chunks).by_operator
+    bf16 = step_cost(a100, ReplicaShape(llama8, kv_dtype="bf16"), chunks).by_operator
+    assert fp8["attention_decode"] == pytest.approx(bf16["attention_decode"])
+    assert fp8["attention_prefill"] == pytest.approx(bf16["attention_prefill"])
