@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from app.ablate_command import ablate_command
 from app.calibrate_command import calibrate_command, import_vidur_command
 from app.catalog_command import catalog_command
 from app.compare_command import compare_command
@@ -63,6 +64,7 @@ app.command("catalog")(catalog_command)
 app.command("validate")(validate_command)
 app.command("replay")(replay_command)
 app.command("compare")(compare_command)
+app.command("ablate")(ablate_command)
 app.command("train-pair")(train_pair_command)
 app.command("acceptance")(acceptance_command)
 
