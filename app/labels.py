@@ -26,6 +26,10 @@ FIELDS: dict[str, tuple[str, float, str]] = {
     "headroom": ("Headroom (x traffic)", 1.0, "x{:.2f}"),
     "reason": ("Why not", 1.0, "{}"),
     "simulations": ("Simulations", 1.0, "{:d}"),
+    "technique": ("Technique", 1.0, "{}"),
+    "change": ("Adds", 1.0, "{}"),
+    "config": ("Config", 1.0, "{}"),
+    "peak_output_tok_s_per_gpu": ("Peak output tok/s per GPU", 1.0, "{:,.0f}"),
 }
 MISSING = "–"
 

@@ -50,6 +50,20 @@ KNOBS = (Options(Parallelism, only=("routing_skew",)), Options(EngineChoice), Op
          Options(SchedulerLimits), Options(KVCache))
 
 
+def ablation(spec, hardware: str, workers: int) -> dict:
+    """servecast ablate's ladder on this accelerator, for the plan's trace and SLOs."""
+    from simulator.fleet.sim_config import SimConfig
+    from simulator.plan.ablate import ablate, ladder, serving_length
+
+    max_len = serving_length(spec.workload, SimConfig(model=spec.model, hardware=hardware).model_spec()
+                             .max_position_embeddings)
+    with progress_bar(f"ablating on {hardware}", transient=True) as bar:
+        rungs = ladder(spec.model, hardware, {**spec.knobs, "max_model_len": max_len})
+        task = bar.add_task("ablate", total=len(rungs))
+        results = ablate(spec, rungs, lambda done, total: bar.update(task, completed=done), max(1, workers))
+    return {"hardware": hardware, "max_model_len": max_len, "rows": [r.row() for r in results]}
+
+
 @takes(*KNOBS)
 def plan_command(
     model: str = typer.Option(plan_defaults.MODEL, help="catalog model id or an HF config.json path"),
@@ -86,6 +100,8 @@ def plan_command(
                                     "headroom and slow end (default: candidates that cannot beat the cheapest fleet "
                                     "found are bounded out, and headroom and slow end are found for the recommended "
                                     "fleet and the Pareto front)"),
+    ablate: bool = typer.Option(False, "--ablate", help="also stack the techniques one on another on the "
+                                "recommended accelerator (servecast ablate): in the JSON and the report"),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout, nothing else"),
     out: Optional[Path] = typer.Option(None, help="write plan.json, candidates.csv and report.html here"),
@@ -170,6 +186,12 @@ def plan_command(
                                 max_replicas=max_replicas, exhaustive=exhaustive or None, seed=seed)
     document = plan_document(spec, result, factors, engines, candidates, command, trace or plan_defaults.trace(),
                              exhaustive)
+    best = document["recommendation"][str(factors[0])]
+    if ablate and best is not None:
+        try:
+            document["ablation"] = ablation(spec, best["hardware"], workers)
+        except ValueError as exc:  # the plan stands; the ladder says why it could not be run
+            document["ablation"] = {"hardware": best["hardware"], "error": str(exc), "rows": []}
     if out is not None:
         from app.plan_report import plan_report
 

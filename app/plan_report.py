@@ -17,6 +17,8 @@ from simulator.fleet.sim_config import parse_pools
 
 FEASIBLE_FIELDS = ("candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
                    "tpot_p99_s", "e2e_p99_s", "headroom", "replicas_slow_end")
+ABLATION_FIELDS = ("technique", "change", "config", "peak_output_tok_s_per_gpu", "gpus", "ttft_p99_s", "tpot_p99_s",
+                   "usd_per_million_output_tokens", "reason")
 SLO_FIELDS = {"ttft_p99": "ttft_p99_s", "tpot_p99": "tpot_p99_s", "e2e_p99": "e2e_p99_s"}
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1200px;margin:auto;padding:0 1em;color:#222}
@@ -208,6 +210,15 @@ def plan_report(path: Path, document: dict, recommended=None) -> None:
             if fig is not None:
                 figures.append((len(parts), fig))
                 parts.append("")
+    ablation = document.get("ablation")
+    if ablation:
+        parts.append(f"<h2>What each technique buys on {esc(ablation['hardware'])}</h2>")
+        if ablation.get("error"):
+            parts.append(f"<p class='note'>Not run: {esc(ablation['error'])}</p>")
+        else:
+            parts.append("<p class='note'>Each row is the one above plus one technique, planned for the same SLOs "
+                         "on the same trace (<code>servecast ablate</code>; max_model_len "
+                         f"{ablation['max_model_len']}).</p>" + sortable_table(ablation["rows"], ABLATION_FIELDS))
     parts.append("<h2>How these numbers were made</h2><ol class='note'>" +
                  "".join(f"<li>{esc(line)}</li>" for line in about["footnotes"]) + "</ol>")
     for k, (at, fig) in enumerate(figures):

@@ -184,3 +184,17 @@ def test_a_recommendation_on_unvalidated_costs_says_so_and_names_the_validated_o
     alone = CliRunner().invoke(app, ["plan", "--trace", TRACE, "--hardware", "h100-sxm", "--quant", "fp8", "--tp", "1",
                                      "--workers", "0"])
     assert alone.exit_code == 0 and "unvalidated" not in alone.stdout
+
+
+def test_plan_ablate_stacks_the_techniques_on_the_recommended_accelerator(tmp_path) -> None:
+    runner = CliRunner()
+    small = "synthetic:num=60,input=uniform(100,800),output=uniform(20,200),rate=2"
+    result = runner.invoke(app, ["plan", "--trace", small, "--hardware", "a100-80gb", "--quant", "bf16", "--tp", "1",
+                                 "--max-replicas", "4", "--workers", "0", "--ablate", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    ablation = json.loads((tmp_path / "plan.json").read_text())["ablation"]
+    assert ablation["hardware"] == "a100-80gb" and len(ablation["rows"]) == 9
+    assert ablation["rows"][0]["technique"] == "static batching" and "tp=2" in ablation["rows"][-1]["config"]
+    report = (tmp_path / "report.html").read_text()
+    assert "What each technique buys on a100-80gb" in report and "Peak output tok/s per GPU" in report
+    assert report.index("What each technique buys") < report.index("How these numbers were made")
