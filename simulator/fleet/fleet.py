@@ -244,7 +244,8 @@ def make_speculation(config: SimConfig, model, cost_model: CostModel,
     profile and the draft's timer are built once and shared; acceptance draws are seeded per replica."""
     if config.speculative is None:
         return None
-    cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens)
+    cumulative = acceptance_profile(config.acceptance, config.acceptance_file, config.num_speculative_tokens,
+                                    config.acceptance_preset)
     rates = request_rates(config.acceptance_file)
     draft = config.draft_spec(model)
     draft_timer = None

@@ -193,6 +193,8 @@ class Speculation(Group):
                                     ge=0.0, le=1.0)
     acceptance_file: str | None = knob(None, "measured acceptance per position, instead: the acceptance.json of "
                                              "servecast train-pair or acceptance", path=True)
+    acceptance_preset: str | None = knob(None, "published acceptance measured in a serving engine, instead: a "
+                                               "preset id of simulator/catalog/acceptance.json")
     draft_model: str | None = knob(None, "the draft's catalog id or config.json (--speculative draft)")
     draft_profile: str | None = knob(None, "a profile of the draft on this hardware (default: the target's cost "
                                            "model, draft shapes)", path=True)

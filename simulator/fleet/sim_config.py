@@ -74,9 +74,13 @@ class SimConfig(Disaggregation, HostTier, EngineChoice, Speculation, RunSettings
         if self.speculative is not None:
             if not 1 <= self.num_speculative_tokens <= 8:
                 raise ValueError("speculative decoding needs num_speculative_tokens between 1 and 8")
-            if (self.acceptance is None) == (self.acceptance_file is None):
-                raise ValueError("speculative decoding needs the draft acceptance: give acceptance (a rate) or "
-                                 "acceptance_file (measured per position), one of them")
+            if sum(x is not None for x in (self.acceptance, self.acceptance_file, self.acceptance_preset)) != 1:
+                raise ValueError("speculative decoding needs the draft acceptance: give acceptance (a rate), "
+                                 "acceptance_file (measured per position) or acceptance_preset, one of them")
+            if self.acceptance_preset is not None:
+                from simulator.catalog.acceptance import preset
+
+                preset(self.acceptance_preset)  # an unknown id is named with the known ones
             if self.speculative == "draft" and self.draft_model is None:
                 raise ValueError("speculative=draft needs draft_model (a catalog id or config.json) for its cost")
             if self.scheduler != "continuous":

@@ -32,9 +32,15 @@ import numpy as np
 from engine.policy.scheduler import ScheduledChunk, SchedulerOutput
 
 
-def acceptance_profile(rate: float | None = None, path: str | None = None, gamma: int = 8) -> list[float]:
-    """Cumulative acceptance per draft position (non-increasing), from a per-token rate or an
-    engine-measured profile (positions beyond the measured ones repeat its conditional rate)."""
+def acceptance_profile(rate: float | None = None, path: str | None = None, gamma: int = 8,
+                       preset: str | None = None) -> list[float]:
+    """Cumulative acceptance per draft position (non-increasing), from a per-token rate, an
+    engine-measured profile or a published one (simulator/catalog/acceptance.py); positions beyond
+    the measured ones repeat its conditional rate."""
+    if preset is not None:
+        from simulator.catalog.acceptance import preset as published
+
+        return _extended(list(published(preset).by_position_or_rate()), gamma)
     if path is not None:
         try:
             raw = json.loads(Path(path).read_text())
@@ -45,15 +51,21 @@ def acceptance_profile(rate: float | None = None, path: str | None = None, gamma
                              "`servecast train-pair` or `servecast acceptance --json`") from None
         if not measured or not all(0.0 <= x <= 1.0 for x in measured):
             raise ValueError(f"acceptance file {path}: acceptance_by_position must hold rates in [0, 1]")
-        cumulative = list(np.minimum.accumulate(measured))
-        while len(cumulative) < gamma:  # extrapolate with the last conditional rate
-            last = cumulative[-1]
-            ratio = last / cumulative[-2] if len(cumulative) > 1 and cumulative[-2] > 0 else last
-            cumulative.append(last * ratio)
-        return cumulative[:gamma]
+        return _extended(measured, gamma)
     if rate is None:
         raise ValueError("an acceptance rate or file is needed")
     return [rate ** (i + 1) for i in range(gamma)]
+
+
+def _extended(measured: list[float], gamma: int) -> list[float]:
+    """Measured cumulative acceptance made non-increasing and carried to gamma positions with its
+    last conditional rate."""
+    cumulative = list(np.minimum.accumulate(measured))
+    while len(cumulative) < gamma:  # extrapolate with the last conditional rate
+        last = cumulative[-1]
+        ratio = last / cumulative[-2] if len(cumulative) > 1 and cumulative[-2] > 0 else last
+        cumulative.append(last * ratio)
+    return cumulative[:gamma]
 
 
 def request_rates(path: str | None) -> tuple[float, ...]:
