@@ -100,7 +100,8 @@ def test_from_replay_is_every_recorded_knob_and_the_trace() -> None:
         "model", "trace", "tp", "pp", "cp", "replicas", "quant", "kv_dtype", "activation_dtype", "block_size",
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "num_gpu_blocks",
         "chunked_prefill", "prefix_caching", "scheduler", "router", "rate_scale", "seed", "speculative",
-        "num_speculative_tokens", "acceptance", "acceptance_file", "draft_model", "draft_profile", "expert_parallel",
+        "num_speculative_tokens", "acceptance", "acceptance_file", "acceptance_preset", "draft_model", "draft_profile",
+        "expert_parallel",
         "routing_skew", "kv_offload_gb", "disaggregate", "prefill_hardware", "prefill_tp", "prefill_quant",
         "prefill_cp", "kv_transfer_gbps", "kv_transfer_latency_s", "max_concurrency"}
     assert set(KEPT_ON_REPLAY) == {"hardware", "hardware_file", "profile", "slo", "engine", "engine_file",
