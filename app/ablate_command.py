@@ -51,6 +51,8 @@ def ablate_command(
     num_speculative_tokens: int = typer.Option(3, min=1, max=8, help="drafts per verification"),
     acceptance: float = typer.Option(0.6, min=0.0, max=1.0, help="the speculation rung's acceptance per draft "
                                      "(assumed: give a measured one)"),
+    acceptance_preset: str | None = typer.Option(None, help="published acceptance instead of --acceptance (and "
+                                                 "its drafts): an id of simulator/catalog/acceptance.json"),
     seed: int = typer.Option(0, help="seed of the trace's random draws"),
     workers: int = typer.Option(0, min=0, help="processes for the rungs (0: one per CPU)"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout, nothing else"),
@@ -66,7 +68,8 @@ def ablate_command(
         slos = parse_slos(slo)
         trace = load_workload(workload, seed=seed)
         max_len = serving_length(trace, SimConfig(model=model, hardware=hardware).model_spec().max_position_embeddings)
-        rungs = ladder(model, hardware, {"max_model_len": max_len}, speculative, num_speculative_tokens, acceptance)
+        rungs = ladder(model, hardware, {"max_model_len": max_len}, speculative, num_speculative_tokens, acceptance,
+                       acceptance_preset)
     except ValidationError as exc:
         fail(validation_message(exc))
     except (ValueError, KeyError, OSError) as exc:

@@ -89,9 +89,11 @@ def serving_length(workload: Workload, model_max: int, step: int = 1024) -> int:
 
 
 def ladder(model: str, hardware: str, knobs: dict | None = None, speculative: str = "ngram",
-           num_speculative_tokens: int = 3, acceptance: float = 0.6) -> list[Rung]:
+           num_speculative_tokens: int = 3, acceptance: float = 0.6, acceptance_preset: str | None = None
+           ) -> list[Rung]:
     """The rungs, each the one before plus one technique (knobs: SimConfig fields every rung shares,
-    max_model_len among them: what continuous batching without paging reserves per request)."""
+    max_model_len among them: what continuous batching without paging reserves per request). A
+    published acceptance preset, where given, replaces the assumed rate and sets the drafts."""
     knobs = dict(knobs or {})
     tp = base_tp(model, hardware, knobs)
     plain = SimConfig(model=model, hardware=hardware, tp=tp, **knobs)
@@ -103,7 +105,17 @@ def ladder(model: str, hardware: str, knobs: dict | None = None, speculative: st
                      max_num_batched_tokens=max(max_len, plain.max_num_batched_tokens or 0))
     off = dict(enable_prefix_caching=False, **unchunked)
     base = Candidate(hardware, tp=tp)
-    spec = replace(base, speculative=speculative, num_speculative_tokens=num_speculative_tokens, acceptance=acceptance)
+    if acceptance_preset is None:
+        spec = replace(base, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                       acceptance=acceptance)
+        speculated, words = dict(knobs), f"{num_speculative_tokens} drafts, acceptance {acceptance:g} (assumed)"
+    else:
+        from simulator.catalog.acceptance import preset
+
+        published = preset(acceptance_preset)
+        spec = replace(base, speculative=speculative, num_speculative_tokens=published.drafts)
+        speculated = {**knobs, "acceptance_preset": acceptance_preset}
+        words = f"{published.drafts} drafts, {published.method} acceptance of {published.source} (mean {published.tau:g})"
     quant = weight_quant(hardware)
     wider = next((t for t in TP_CHOICES if t > tp), tp)
     return [
@@ -114,11 +126,11 @@ def ladder(model: str, hardware: str, knobs: dict | None = None, speculative: st
         Rung("paged KV", "KV in 16-token blocks, allocated as it grows", {**knobs, **off}, base),
         Rung("prefix caching", "reuse the KV of shared prompt prefixes", {**knobs, **unchunked}, base),
         Rung("chunked prefill", "prompts split to the token budget, beside the decodes", dict(knobs), base),
-        Rung("speculative decoding", f"{speculative}, {num_speculative_tokens} drafts, acceptance {acceptance:g} "
-             "(assumed)", dict(knobs), spec),
-        Rung("weight quantization", f"{quant} weights", dict(knobs), replace(spec, quant=quant)),
-        Rung("KV quantization", "fp8 KV cache", {**knobs, "kv_dtype": "fp8"}, replace(spec, quant=quant)),
-        Rung("tensor parallelism", f"tp={wider}", {**knobs, "kv_dtype": "fp8"}, replace(spec, quant=quant, tp=wider)),
+        Rung("speculative decoding", f"{speculative}, {words}", speculated, spec),
+        Rung("weight quantization", f"{quant} weights", speculated, replace(spec, quant=quant)),
+        Rung("KV quantization", "fp8 KV cache", {**speculated, "kv_dtype": "fp8"}, replace(spec, quant=quant)),
+        Rung("tensor parallelism", f"tp={wider}", {**speculated, "kv_dtype": "fp8"},
+             replace(spec, quant=quant, tp=wider)),
     ]
 
 

@@ -62,3 +62,15 @@ def test_every_request_at_once_keeps_the_requests() -> None:
 def test_a_model_too_big_for_eight_gpus_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="does not fit on 8 x l4"):
         ladder("llama-2-70b", "l4")
+
+
+def test_a_published_preset_sets_the_speculation_rungs_acceptance_and_drafts() -> None:
+    rungs = ladder("llama-3.1-8b", "a100-80gb", {"max_model_len": 2048}, acceptance_preset="vllm-mtp-k8-gsm8k")
+    spec, quant = rungs[5], rungs[6]
+    assert spec.candidate.num_speculative_tokens == 8 and spec.candidate.acceptance is None
+    assert spec.knobs["acceptance_preset"] == quant.knobs["acceptance_preset"] == "vllm-mtp-k8-gsm8k"
+    assert "vllm-project/vllm PR #48892" in spec.change and "acceptance_preset" not in rungs[4].knobs
+    config = PlanSpec("llama-3.1-8b", load_workload(SPEC, seed=1), {}, knobs=spec.knobs).config(spec.candidate, 1)
+    assert config.acceptance_preset == "vllm-mtp-k8-gsm8k" and config.acceptance is None
+    with pytest.raises(ValueError, match="unknown acceptance preset"):
+        ladder("llama-3.1-8b", "a100-80gb", acceptance_preset="nope")
