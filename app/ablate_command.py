@@ -13,31 +13,31 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from app import labels
 from app.common import dumps, fail, progress_bar, validation_message, wide_console
 from app.plan_defaults import SLO
 
 # A chat service with a shared system prompt: lengths within a 4k context, so every model runs it.
+# A row's fields as the CLI, the report and the app show them (app/labels.py names and units them).
+ABLATION_FIELDS = ("technique", "change", "config", "peak_output_tok_s_per_gpu", "gpus", "ttft_p99_s", "tpot_p99_s",
+                   "usd_per_million_output_tokens", "reason")
 WORKLOAD = "synthetic:num=400,input=uniform(100,1500),output=uniform(20,500),rate=4,prefixes=4,prefix_len=400"
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def print_table(rows: list[dict], title: str) -> None:
+    """The rows in the labels' names and units, and each rung's GPUs against the one before."""
     table = Table(title=title)
-    for column in ("technique", "adds", "config", "peak tok/s/GPU", "GPUs", "vs before", "TTFT p99", "TPOT p99",
-                   "$/M tok"):
-        table.add_column(column, justify="left" if column in ("technique", "adds", "config") else "right")
+    for field in ABLATION_FIELDS[:5]:
+        table.add_column(labels.label(field), justify="left" if field in ("technique", "change", "config") else "right")
+    table.add_column("vs before", justify="right")
+    for field in ABLATION_FIELDS[5:-1]:
+        table.add_column(labels.label(field), justify="right")
     before = None
     for row in rows:
         gpus = row["gpus"]
-        versus = f"x{gpus / before:.2f}" if gpus and before else "-"
-        table.add_row(row["technique"], row["change"], row["config"], _cell(row["peak_output_tok_s_per_gpu"], ",.0f"),
-                      str(gpus) if gpus else row["reason"] or "-", versus,
-                      _cell(row["ttft_p99_s"] and row["ttft_p99_s"] * 1e3, ",.0f") + " ms" if row["ttft_p99_s"] else "-",
-                      _cell(row["tpot_p99_s"] and row["tpot_p99_s"] * 1e3, ",.1f") + " ms" if row["tpot_p99_s"] else "-",
-                      _cell(row["usd_per_million_output_tokens"], ",.2f"))
+        cells = [labels.text(f, row[f]) for f in ABLATION_FIELDS[:4]] + [str(gpus) if gpus else row["reason"] or "-"]
+        cells.append(f"x{gpus / before:.2f}" if gpus and before else "-")
+        table.add_row(*cells, *(labels.text(f, row[f]) for f in ABLATION_FIELDS[5:-1]))
         before = gpus or before
     wide_console(140).print(table)
 
@@ -57,31 +57,29 @@ def ablate_command(
     workers: int = typer.Option(0, min=0, help="processes for the rungs (0: one per CPU)"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout, nothing else"),
 ) -> None:
-    from simulator.fleet.sim_config import SimConfig, parse_slos
-    from simulator.plan.ablate import ablate, ladder, serving_length
+    from simulator.fleet.sim_config import parse_slos
+    from simulator.plan.ablate import ablate, ladder_for
     from simulator.plan.capacity import PlanSpec
     from simulator.workload.load import load_workload
 
     if speculative not in ("ngram", "draft"):
         fail(f"--speculative must be ngram or draft, got {speculative!r}")
     try:
-        slos = parse_slos(slo)
-        trace = load_workload(workload, seed=seed)
-        max_len = serving_length(trace, SimConfig(model=model, hardware=hardware).model_spec().max_position_embeddings)
-        rungs = ladder(model, hardware, {"max_model_len": max_len}, speculative, num_speculative_tokens, acceptance,
-                       acceptance_preset)
+        spec = PlanSpec(model, load_workload(workload, seed=seed), parse_slos(slo), seed=seed)
+        rungs = ladder_for(spec, hardware, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                           acceptance=acceptance, acceptance_preset=acceptance_preset)
     except ValidationError as exc:
         fail(validation_message(exc))
     except (ValueError, KeyError, OSError) as exc:
         fail(str(exc).strip("'\""))
-    spec = PlanSpec(model, trace, slos, seed=seed)
+    max_len = rungs[0].knobs["max_model_len"]
     with progress_bar("ablating", transient=as_json) as bar:
         task = bar.add_task("ablate", total=len(rungs))
         results = ablate(spec, rungs, progress=lambda done, total: bar.update(task, completed=done),
                          workers=workers or os.cpu_count() or 1)
     rows = [r.row() for r in results]
     if as_json:
-        typer.echo(dumps({"model": model, "hardware": hardware, "workload": workload, "slo": slos,
+        typer.echo(dumps({"model": model, "hardware": hardware, "workload": workload, "slo": spec.slo,
                           "max_model_len": max_len, "rows": rows}))
         return
     print_table(rows, f"{model} on {hardware}, max_model_len {max_len}: {workload} under {slo}")

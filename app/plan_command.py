@@ -52,16 +52,13 @@ KNOBS = (Options(Parallelism, only=("routing_skew",)), Options(EngineChoice), Op
 
 def ablation(spec, hardware: str, workers: int) -> dict:
     """servecast ablate's ladder on this accelerator, for the plan's trace and SLOs."""
-    from simulator.fleet.sim_config import SimConfig
-    from simulator.plan.ablate import ablate, ladder, serving_length
+    from simulator.plan.ablate import ablate, ladder_for
 
-    max_len = serving_length(spec.workload, SimConfig(model=spec.model, hardware=hardware).model_spec()
-                             .max_position_embeddings)
+    rungs = ladder_for(spec, hardware)
     with progress_bar(f"ablating on {hardware}", transient=True) as bar:
-        rungs = ladder(spec.model, hardware, {**spec.knobs, "max_model_len": max_len})
         task = bar.add_task("ablate", total=len(rungs))
         results = ablate(spec, rungs, lambda done, total: bar.update(task, completed=done), max(1, workers))
-    return {"hardware": hardware, "max_model_len": max_len, "rows": [r.row() for r in results]}
+    return {"hardware": hardware, "max_model_len": rungs[0].knobs["max_model_len"], "rows": [r.row() for r in results]}
 
 
 @takes(*KNOBS)

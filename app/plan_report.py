@@ -11,14 +11,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app import labels, plan_words
+from app.ablate_command import ABLATION_FIELDS
 from app.html_report import intervals_figure, latency_cdfs, time_split_figure, timeseries_figure
 from app.plan_output import basis_caveat
 from simulator.fleet.sim_config import parse_pools
 
 FEASIBLE_FIELDS = ("candidate", "replicas", "gpus", "usd_per_hour", "usd_per_million_output_tokens", "ttft_p99_s",
                    "tpot_p99_s", "e2e_p99_s", "headroom", "replicas_slow_end")
-ABLATION_FIELDS = ("technique", "change", "config", "peak_output_tok_s_per_gpu", "gpus", "ttft_p99_s", "tpot_p99_s",
-                   "usd_per_million_output_tokens", "reason")
 SLO_FIELDS = {"ttft_p99": "ttft_p99_s", "tpot_p99": "tpot_p99_s", "e2e_p99": "e2e_p99_s"}
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1200px;margin:auto;padding:0 1em;color:#222}

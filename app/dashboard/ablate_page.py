@@ -8,27 +8,24 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.ablate_command import WORKLOAD
+from app import labels
+from app.ablate_command import ABLATION_FIELDS, WORKLOAD
 from app.plan_defaults import SLO, priced_gpus
 
-COLUMNS = {"technique": "Technique", "change": "Adds", "config": "Config", "peak_output_tok_s_per_gpu":
-           "Peak tok/s/GPU", "gpus": "GPUs", "ttft_p99_s": "TTFT p99 (s)", "tpot_p99_s": "TPOT p99 (s)",
-           "usd_per_million_output_tokens": "$ / M output tokens", "reason": "Why none"}
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def ladder_rows(model: str, hardware: str, workload: str, slo: str, acceptance: float) -> tuple[list[dict], int]:
     """The rungs' rows and the max_model_len they ran at (ValueError: bad input, with its reason)."""
-    from simulator.fleet.sim_config import SimConfig, parse_slos
-    from simulator.plan.ablate import ablate, ladder, serving_length
+    from simulator.fleet.sim_config import parse_slos
+    from simulator.plan.ablate import ablate, ladder_for
     from simulator.plan.capacity import PlanSpec
     from simulator.workload.load import load_workload
 
-    trace = load_workload(workload)
-    max_len = serving_length(trace, SimConfig(model=model, hardware=hardware).model_spec().max_position_embeddings)
-    rungs = ladder(model, hardware, {"max_model_len": max_len}, acceptance=acceptance)
-    results = ablate(PlanSpec(model, trace, parse_slos(slo)), rungs, workers=os.cpu_count() or 1)
-    return [r.row() for r in results], max_len
+    spec = PlanSpec(model, load_workload(workload), parse_slos(slo))
+    rungs = ladder_for(spec, hardware, acceptance=acceptance)
+    results = ablate(spec, rungs, workers=os.cpu_count() or 1)
+    return [r.row() for r in results], rungs[0].knobs["max_model_len"]
 
 
 def main() -> None:
@@ -53,11 +50,12 @@ def main() -> None:
     except (ValueError, KeyError, OSError) as exc:
         st.error(str(exc).strip("'\""))
         return
-    frame = pd.DataFrame(rows)[list(COLUMNS)].rename(columns=COLUMNS)
+    frame = pd.DataFrame({labels.label(f): [labels.value(f, r[f]) for r in rows] for f in ABLATION_FIELDS})
     st.dataframe(frame, hide_index=True)
     st.caption(f"max_model_len {max_len}: the workload's longest request rounded up (what continuous batching "
                "without paging reserves per request).")
-    fig = go.Figure(go.Bar(x=frame["Technique"], y=frame["GPUs"], text=frame["$ / M output tokens"].map(
+    gpus, usd = labels.label("gpus"), labels.label("usd_per_million_output_tokens")
+    fig = go.Figure(go.Bar(x=frame[labels.label("technique")], y=frame[gpus], text=frame[usd].map(
         lambda v: "" if pd.isna(v) else f"${v:,.2f}/M"), hovertemplate="%{x}: %{y} GPUs<extra></extra>"))
     fig.update_layout(title="GPUs to meet the SLOs (label: $ per million output tokens)", yaxis_type="log",
                       yaxis_title="GPUs", height=380)

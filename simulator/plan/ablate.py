@@ -17,6 +17,7 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 
+from simulator.catalog.hardware import get_accelerator
 from simulator.fleet.run import simulate
 from simulator.fleet.sim_config import SimConfig
 from simulator.plan.capacity import Candidate, CandidateResult, PlanSpec, plan_candidate
@@ -49,6 +50,7 @@ class RungResult:
 
 def base_tp(model: str, hardware: str, knobs: dict) -> int:
     """The smallest TP at which the model's bf16 weights and one max_model_len request fit."""
+    get_accelerator(hardware)  # an unknown id is bad input, not a model that does not fit
     for tp in TP_CHOICES:
         try:
             SimConfig(model=model, hardware=hardware, tp=tp, **knobs).check()
@@ -76,9 +78,7 @@ def static_budget(plain: SimConfig, max_len: int) -> int:
 
 def weight_quant(hardware: str) -> str:
     """FP8 weights where the accelerator has FP8 tensor cores, else INT8 (weight-only)."""
-    from simulator.catalog.hardware import load_hardware
-
-    return "fp8" if load_hardware()[hardware].peak_tflops.get("fp8") else "int8"
+    return "fp8" if get_accelerator(hardware).peak_tflops.get("fp8") else "int8"
 
 
 def serving_length(workload: Workload, model_max: int, step: int = 1024) -> int:
@@ -132,6 +132,14 @@ def ladder(model: str, hardware: str, knobs: dict | None = None, speculative: st
         Rung("tensor parallelism", f"tp={wider}", {**speculated, "kv_dtype": "fp8"},
              replace(spec, quant=quant, tp=wider)),
     ]
+
+
+def ladder_for(spec: PlanSpec, hardware: str, **speculation) -> list[Rung]:
+    """ladder() for spec's model, trace and shared knobs, at the max_model_len a server sized for the
+    trace runs (serving_length; rungs[0].knobs["max_model_len"] says which)."""
+    context = SimConfig(model=spec.model, hardware=hardware).model_spec().max_position_embeddings
+    knobs = {**spec.knobs, "max_model_len": serving_length(spec.workload, context)}
+    return ladder(spec.model, hardware, knobs, **speculation)
 
 
 def at_once(workload: Workload) -> Workload:

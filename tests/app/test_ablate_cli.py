@@ -27,5 +27,7 @@ def test_ablate_prints_every_rung_and_its_json_agrees() -> None:
 def test_bad_input_exits_2_with_the_reason() -> None:
     unknown = runner.invoke(app, ["ablate", "--model", "no-such-model"])
     assert unknown.exit_code == 2 and "no-such-model" in unknown.output
+    hardware = runner.invoke(app, ["ablate", "--hardware", "no-such-gpu"])
+    assert hardware.exit_code == 2 and "unknown hardware 'no-such-gpu'" in hardware.output
     spec = runner.invoke(app, [*SMALL, "--speculative", "medusa"])
     assert spec.exit_code == 2 and "ngram or draft" in spec.output
